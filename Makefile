@@ -1,0 +1,46 @@
+# Two commands for a newcomer: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Exactly this torch: the CPU build lies on local disk; any other version pulls a CUDA build.
+TORCH_CPU := torch==2.13.0
+
+.PHONY: install run test lint protos check-protos bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(TORCH_CPU)
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: install
+	$(BIN)/kvledger serve $(ARGS)
+
+test: install check-protos lint
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+
+protos: install
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. \
+		protos/frontend.proto protos/worker.proto
+
+# CI fails when the generated code does not match the .proto files.
+check-protos: install
+	@tmp=$$(mktemp -d) && \
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=$$tmp --pyi_out=$$tmp \
+		--grpc_python_out=$$tmp protos/frontend.proto protos/worker.proto && \
+	for f in $$tmp/protos/*; do \
+		cmp -s $$f protos/$$(basename $$f) || { echo "stale generated file: protos/$$(basename $$f) (run make protos)"; exit 1; }; \
+	done && rm -rf $$tmp
+
+bench: install
+	$(BIN)/python benchmarks/scheduler_step.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache
