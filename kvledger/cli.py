@@ -1,0 +1,167 @@
+"""`kvledger serve`: scheduler, worker(s) and frontend as separate OS processes on one machine."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvledger.flags import (
+    DEFAULT_METRICS_PORT,
+    FLAGS,
+    FRONTEND,
+    SCHEDULER,
+    WORKER,
+    add_flags,
+    fill_list_defaults,
+    to_argv,
+)
+from kvledger.log import setup_logging
+
+log = logging.getLogger("kvledger.serve")
+
+STARTUP_TIMEOUT_SECONDS = 600
+STOP_GRACE_SECONDS = 10
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen
+
+
+def _die_with_parent() -> None:
+    """Children get SIGTERM if `kvledger serve` itself dies, so nothing is left running."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvledger serve",
+        description="Start the scheduler, worker(s) and the HTTP frontend as separate processes.")
+    add_flags(parser, [f for f in FLAGS if f.name != "--scheduler"])
+    parser.add_argument("--num-workers", type=int,
+                        default=int(os.environ.get("KVLEDGER_NUM_WORKERS", "1")),
+                        help="workers started for --model [env KVLEDGER_NUM_WORKERS]")
+    return parser
+
+
+def _spawn(name: str, module: str, argv: list[str]) -> Child:
+    cmd = [sys.executable, "-m", module, *argv]
+    log.debug("starting %s: %s", name, " ".join(cmd))
+    return Child(name, subprocess.Popen(cmd, preexec_fn=_die_with_parent))
+
+
+def _wait_healthy(url: str, children: list[Child]) -> bool:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        for child in children:
+            if child.process.poll() is not None:
+                log.error("%s exited with code %s during startup", child.name,
+                          child.process.returncode)
+                return False
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.25)
+    log.error("not healthy after %d s", STARTUP_TIMEOUT_SECONDS)
+    return False
+
+
+def _stop_all(children: list[Child]) -> None:
+    for child in reversed(children):  # frontend first, scheduler last
+        if child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for child in children:
+        try:
+            child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop in time; killing it", child.name)
+            child.process.kill()
+            child.process.wait()
+
+
+def serve(argv: Sequence[str]) -> int:
+    args = _serve_parser().parse_args(argv)
+    fill_list_defaults(args, FLAGS)
+    setup_logging("serve", args.log_level)
+    from kvledger.models import resolve_model  # torch-free, but only serve needs it
+
+    resolve_model(args.model)  # generate tiny-llama once, before workers race for it
+    served_name = args.served_model_name or args.model
+    metrics_base = args.metrics_port or DEFAULT_METRICS_PORT[SCHEDULER]
+    args.worker_auth_token = args.worker_auth_token or secrets.token_hex(16)
+    scheduler_addr = f"127.0.0.1:{args.grpc_port}"
+    if args.grpc_host not in ("127.0.0.1", "0.0.0.0", "localhost"):
+        scheduler_addr = f"{args.grpc_host}:{args.grpc_port}"
+
+    stopping = {"signal": None}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping["signal"] = signum
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    children: list[Child] = []
+    try:
+        children.append(_spawn("scheduler", "scheduler_svc", to_argv(args, SCHEDULER) +
+                               ["--metrics-port", str(metrics_base)]))
+        for i in range(args.num_workers):
+            children.append(_spawn(f"worker-{i}", "worker", to_argv(args, WORKER) + [
+                "--scheduler", scheduler_addr, "--metrics-port", str(metrics_base + 1 + i),
+                "--worker-id", f"{args.worker_id or 'worker'}-{i}", "--served-model-name",
+                served_name]))
+        children.append(_spawn("frontend", "server", to_argv(args, FRONTEND) + [
+            "--scheduler", scheduler_addr, "--require-model", served_name]))
+        host = "localhost" if args.host in ("0.0.0.0", "127.0.0.1") else args.host
+        url = f"http://{host}:{args.port}"
+        if not _wait_healthy(f"http://127.0.0.1:{args.port}" if host == "localhost" else url,
+                             children):
+            return 1
+        print(f"kvledger is serving {served_name} at {url}  (OpenAI API under {url}/v1)",
+              flush=True)
+        while stopping["signal"] is None:
+            dead = [c for c in children if c.process.poll() is not None]
+            if dead:
+                log.error("%s exited with code %s; stopping", dead[0].name,
+                          dead[0].process.returncode)
+                return 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        _stop_all(children)
+        log.info("stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: kvledger serve [flags]   (kvledger serve --help for the flags)")
+        raise SystemExit(0 if argv else 2)
+    if argv[0] != "serve":
+        print(f"kvledger: unknown command {argv[0]!r}; try `kvledger serve`", file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(serve(argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

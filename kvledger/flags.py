@@ -1,0 +1,168 @@
+"""Command-line flags shared by every service and by `kvledger serve`.
+
+Each flag is declared once with the services that take it. Every flag also reads its default
+from the environment as ``KVLEDGER_<FLAG_IN_CAPS>`` (``--max-num-seqs`` -> ``KVLEDGER_MAX_NUM_SEQS``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+FRONTEND = "frontend"
+SCHEDULER = "scheduler"
+WORKER = "worker"
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # "--max-num-seqs"
+    services: frozenset[str]
+    help: str
+    type: Any = str
+    default: Any = None
+    kind: str = "value"  # "value" | "bool" (--x/--no-x) | "switch" (--x) | "list" (repeatable)
+    choices: Sequence[str] | None = None
+    serve_only: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+    @property
+    def env_var(self) -> str:
+        return "KVLEDGER_" + self.dest.upper()
+
+
+def _f(name: str, services: Iterable[str], help: str, **kw: Any) -> Flag:
+    return Flag(name, frozenset(services), help, **kw)
+
+
+FLAGS: tuple[Flag, ...] = (
+    # frontend
+    _f("--host", [FRONTEND], "address the HTTP frontend binds", default="127.0.0.1"),
+    _f("--port", [FRONTEND], "HTTP port of the frontend", type=int, default=8000),
+    _f("--api-key", [FRONTEND], "accepted API key (repeatable); none = open", kind="list"),
+    _f("--require-model", [FRONTEND],
+       "model that must have a live worker for /health to be 200 (repeatable)", kind="list"),
+    # scheduler
+    _f("--grpc-host", [SCHEDULER], "address the scheduler's gRPC server binds",
+       default="127.0.0.1"),
+    _f("--grpc-port", [SCHEDULER], "gRPC port of the scheduler", type=int, default=50051),
+    _f("--max-num-seqs", [SCHEDULER], "most sequences in one step", type=int, default=64),
+    _f("--max-num-batched-tokens", [SCHEDULER], "token budget of one step", type=int,
+       default=2048),
+    _f("--enable-prefix-caching", [SCHEDULER], "reuse KV blocks of shared prefixes",
+       kind="bool", default=True),
+    _f("--enable-chunked-prefill", [SCHEDULER], "split long prompts across steps",
+       kind="bool", default=True),
+    _f("--scheduling-policy", [SCHEDULER], "order of the waiting queue", default="fcfs",
+       choices=("fcfs", "priority")),
+    _f("--max-waiting-requests", [SCHEDULER],
+       "queue length per model past which requests get 429", type=int, default=4096),
+    _f("--debug-invariants", [SCHEDULER], "check every ledger invariant after every step",
+       kind="switch", default=False),
+    # worker
+    _f("--model", [WORKER], "HF model directory, or tiny-llama (generated random weights)",
+       default="tiny-llama"),
+    _f("--served-model-name", [WORKER], "name clients use for the model (default: derived)"),
+    _f("--block-size", [WORKER], "tokens per KV block", type=int, default=16),
+    _f("--num-kv-blocks", [WORKER], "fixed number of KV blocks (overrides the memory budget)",
+       type=int),
+    _f("--kv-cache-memory-bytes", [WORKER], "KV cache budget on CPU", type=int,
+       default=512 * 1024 * 1024),
+    _f("--gpu-memory-utilization", [WORKER], "fraction of GPU memory for weights and KV",
+       type=float, default=0.9),
+    _f("--max-model-len", [WORKER], "context length (default: the model's)", type=int),
+    _f("--dtype", [WORKER], "weight and activation dtype", default="float32",
+       choices=("auto", "float32", "bfloat16", "float16")),
+    _f("--device", [WORKER], "torch device", default="cpu"),
+    _f("--seed", [WORKER], "base random seed", type=int, default=0),
+    _f("--worker-id", [WORKER], "name of this worker (default: host-pid)"),
+    # more than one service
+    _f("--scheduler", [FRONTEND, WORKER], "scheduler gRPC address HOST:PORT",
+       default="127.0.0.1:50051"),
+    _f("--metrics-port", [SCHEDULER, WORKER],
+       "Prometheus port (serve: scheduler here, worker i at +1+i)", type=int),
+    _f("--worker-auth-token", [SCHEDULER, WORKER],
+       "shared secret a worker presents when it registers (empty = none)", default=""),
+    _f("--log-level", [FRONTEND, SCHEDULER, WORKER], "logging level", default="info",
+       choices=("debug", "info", "warning", "error")),
+)
+
+DEFAULT_METRICS_PORT = {SCHEDULER: 9400, WORKER: 9401}
+
+
+def flags_for(service: str) -> list[Flag]:
+    return [f for f in FLAGS if service in f.services and not f.serve_only]
+
+
+def _env_default(flag: Flag) -> Any:
+    raw = os.environ.get(flag.env_var)
+    if raw is None:
+        return flag.default
+    if flag.kind in ("bool", "switch"):
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if flag.kind == "list":
+        return [item for item in raw.replace(",", " ").split() if item]
+    return flag.type(raw)
+
+
+def add_flags(parser: argparse.ArgumentParser, flags: Iterable[Flag]) -> None:
+    for flag in flags:
+        default = _env_default(flag)
+        help_text = f"{flag.help} [env {flag.env_var}]"
+        if flag.kind == "bool":
+            parser.add_argument(flag.name, dest=flag.dest, default=default, help=help_text,
+                                action=argparse.BooleanOptionalAction)
+        elif flag.kind == "switch":
+            parser.add_argument(flag.name, dest=flag.dest, default=default, help=help_text,
+                                action="store_true")
+        elif flag.kind == "list":
+            parser.add_argument(flag.name, dest=flag.dest, default=None, help=help_text,
+                                action="append")
+        else:
+            parser.add_argument(flag.name, dest=flag.dest, default=default, help=help_text,
+                                type=flag.type, choices=flag.choices)
+
+
+def parse(service: str, argv: Sequence[str] | None, description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"python -m {service}", description=description)
+    flags = flags_for(service)
+    add_flags(parser, flags)
+    args = parser.parse_args(argv)
+    fill_list_defaults(args, flags)
+    if service in DEFAULT_METRICS_PORT and args.metrics_port is None:
+        args.metrics_port = DEFAULT_METRICS_PORT[service]
+    return args
+
+
+def fill_list_defaults(args: argparse.Namespace, flags: Iterable[Flag]) -> None:
+    """Repeatable flags take the environment only when none is given on the command line."""
+    for flag in flags:
+        if flag.kind == "list" and getattr(args, flag.dest, None) is None:
+            setattr(args, flag.dest, _env_default(flag) or [])
+
+
+def to_argv(args: argparse.Namespace, service: str) -> list[str]:
+    """Turn parsed values back into a command line for one service (used by `kvledger serve`)."""
+    argv: list[str] = []
+    for flag in flags_for(service):
+        value = getattr(args, flag.dest, None)
+        if value is None:
+            continue
+        if flag.kind == "bool":
+            argv.append(flag.name if value else "--no-" + flag.name[2:])
+        elif flag.kind == "switch":
+            if value:
+                argv.append(flag.name)
+        elif flag.kind == "list":
+            for item in value:
+                argv += [flag.name, str(item)]
+        else:
+            argv += [flag.name, str(value)]
+    return argv

@@ -1,0 +1,63 @@
+"""`python -m scheduler_svc`: the scheduler service (gRPC for frontends and workers, /metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import start_http_server
+
+from kvledger.flags import SCHEDULER, parse
+from kvledger.log import setup_logging
+from protos import frontend_pb2_grpc, worker_pb2_grpc
+from scheduler_svc.engine import Engine, EngineConfig
+from scheduler_svc.metrics import REGISTRY, LedgerCollector
+from scheduler_svc.service import SchedulerServicer, WorkerLinkServicer
+
+log = logging.getLogger("scheduler_svc")
+
+
+async def serve(args) -> None:  # noqa: ANN001
+    engine = Engine(EngineConfig.from_args(args))
+    REGISTRY.register(LedgerCollector(lambda: list(engine.links.values())))
+    start_http_server(args.metrics_port, addr=args.grpc_host, registry=REGISTRY)
+
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+        ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ])
+    frontend_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(engine), server)
+    worker_pb2_grpc.add_WorkerLinkServicer_to_server(
+        WorkerLinkServicer(engine, args.worker_auth_token), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    address = f"{args.grpc_host}:{args.grpc_port}"
+    if server.add_insecure_port(address) == 0:
+        raise SystemExit(f"cannot bind the scheduler's gRPC port at {address}")
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    log.info("scheduler listening on %s (gRPC), metrics on :%d", address, args.metrics_port)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("scheduler stopping")
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(grace=2)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse(SCHEDULER, argv, "kvledger scheduler service: owns every block table")
+    setup_logging("scheduler", args.log_level)
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,70 @@
+"""Translation between the pure core's dataclasses and the wire messages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from protos import frontend_pb2, worker_pb2
+from scheduler_svc.core.output import (
+    BlockHashPair,
+    ModelResult,
+    RequestUpdate,
+    SchedulerOutput,
+)
+from scheduler_svc.live import LiveRequest
+
+
+def _hashes(pairs: Iterable[BlockHashPair]) -> list[worker_pb2.BlockHash]:
+    return [worker_pb2.BlockHash(block_id=b, hash=h) for b, h in pairs]
+
+
+def plan_from_output(out: SchedulerOutput,
+                     live_of: Callable[[str], LiveRequest]) -> worker_pb2.Plan:
+    plan = worker_pb2.Plan(step_id=out.step_id, dropped_request_ids=out.dropped_request_ids)
+    for new in out.new:
+        live = live_of(new.request_id)
+        msg = plan.new_requests.add(
+            request_id=new.request_id,
+            token_ids=new.token_ids,
+            block_ids=new.block_ids,
+            num_computed_tokens=new.num_computed_tokens,
+            num_scheduled_tokens=new.num_scheduled_tokens,
+            num_prompt_tokens=new.num_prompt_tokens,
+            sampling=live.sampling,
+            claimed=_hashes(new.claimed),
+            written=_hashes(new.written),
+        )
+        if live.embed is not None:
+            msg.embed.CopyFrom(live.embed)
+    for cont in out.cont:
+        plan.continuing.add(
+            request_id=cont.request_id,
+            new_block_ids=cont.new_block_ids,
+            num_computed_tokens=cont.num_computed_tokens,
+            num_scheduled_tokens=cont.num_scheduled_tokens,
+            written=_hashes(cont.written),
+        )
+    return plan
+
+
+def model_result_from(result: worker_pb2.StepResult) -> ModelResult:
+    return ModelResult(
+        sampled={s.request_id: s.token_id for s in result.sampled},
+        errored={e.request_id: e.message for e in result.errors},
+        stale_request_ids=list(result.stale_request_ids),
+        embedded=[e.request_id for e in result.embeddings],
+        stored_blocks=[(b.block_id, b.hash) for b in result.stored],
+        removed_block_ids=list(result.removed_block_ids),
+        all_cleared=result.all_cleared,
+    )
+
+
+def response_from_update(update: RequestUpdate) -> frontend_pb2.GenerateResponse:
+    reason = update.finish_reason.value if update.finish_reason is not None else ""
+    return frontend_pb2.GenerateResponse(
+        token_ids=update.new_token_ids,
+        num_prompt_tokens=update.num_prompt_tokens,
+        num_cached_tokens=update.num_cached_tokens,
+        finish_reason=reason,
+        message=update.finish_message,
+    )

@@ -1,0 +1,229 @@
+"""The scheduler service's engine: workers by model, routing, request placement and re-placement."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from protos import frontend_pb2, worker_pb2
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.output import RequestUpdate
+from scheduler_svc.core.request import FinishReason, Request
+from scheduler_svc.link import WorkerLink
+from scheduler_svc.live import LiveRequest, RequestFailure
+from scheduler_svc.metrics import RequestMetrics
+
+log = logging.getLogger(__name__)
+
+# A cached token is worth this many queued requests when choosing a worker.
+CACHED_TOKENS_PER_QUEUED_REQUEST = 64
+
+
+class PlacementError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
+    max_waiting_requests: int = 4096
+    debug_invariants: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EngineConfig:
+        return cls(args.max_num_seqs, args.max_num_batched_tokens, args.enable_prefix_caching,
+                   args.enable_chunked_prefill, args.scheduling_policy,
+                   args.max_waiting_requests, args.debug_invariants)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.links: dict[str, WorkerLink] = {}
+        self.requests: dict[str, LiveRequest] = {}
+        self.where: dict[str, WorkerLink] = {}
+        self.metrics = RequestMetrics()
+
+    # ---- workers ----
+
+    def register(self, registration: worker_pb2.Registration) -> WorkerLink:
+        if registration.worker_id in self.links:
+            raise PlacementError(grpc.StatusCode.ALREADY_EXISTS,
+                                 f"worker {registration.worker_id!r} is already connected")
+        is_embed = registration.kind == frontend_pb2.MODEL_KIND_EMBED
+        cfg = SchedulerConfig(
+            num_blocks=registration.num_blocks,
+            block_size=registration.block_size,
+            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=max(self.config.max_num_batched_tokens,
+                                       registration.max_model_len if is_embed else 0),
+            max_model_len=registration.max_model_len,
+            enable_prefix_caching=self.config.enable_prefix_caching and not is_embed,
+            enable_chunked_prefill=self.config.enable_chunked_prefill and not is_embed,
+            policy=self.config.scheduling_policy,
+            kv_cache=not is_embed,
+            debug_invariants=self.config.debug_invariants,
+        )
+        link = WorkerLink(registration, cfg, self._on_update)
+        self.links[link.worker_id] = link
+        log.info("worker %s registered: model %s, %d blocks of %d tokens", link.worker_id,
+                 link.model, registration.num_blocks, registration.block_size)
+        return link
+
+    def unregister(self, link: WorkerLink) -> None:
+        if self.links.get(link.worker_id) is not link:
+            return
+        del self.links[link.worker_id]
+        orphans = link.close()
+        log.warning("worker %s lost with %d live requests", link.worker_id, len(orphans))
+        for core in orphans:
+            live = self.requests.get(core.request_id)
+            if live is None:
+                continue
+            try:
+                self._place(live)
+            except PlacementError as err:
+                self._fail(live, err.code, f"worker lost and {err.message}")
+
+    def links_for(self, model: str) -> list[WorkerLink]:
+        return [link for link in self.links.values() if link.model == model and link.alive]
+
+    def models(self) -> list[frontend_pb2.ModelInfo]:
+        infos: dict[str, frontend_pb2.ModelInfo] = {}
+        for link in self.links.values():
+            reg = link.registration
+            info = infos.get(reg.model_name)
+            if info is None:
+                info = infos[reg.model_name] = frontend_pb2.ModelInfo(
+                    name=reg.model_name, kind=reg.kind, model_path=reg.model_path,
+                    max_model_len=reg.max_model_len, vocab_size=reg.vocab_size,
+                    eos_token_ids=reg.eos_token_ids, block_size=reg.block_size)
+            info.num_workers += 1
+        return sorted(infos.values(), key=lambda m: m.name)
+
+    # ---- requests ----
+
+    def submit_generate(self, req: frontend_pb2.GenerateRequest) -> LiveRequest:
+        links = self._check_model(req.model, req.request_id, embed=False)
+        reg = links[0].registration
+        self._check_tokens(list(req.prompt_token_ids), reg)
+        core = Request(
+            request_id=req.request_id,
+            prompt_token_ids=list(req.prompt_token_ids),
+            max_tokens=req.stop.max_tokens,
+            eos_token_ids=frozenset(reg.eos_token_ids),
+            stop_token_ids=frozenset(req.stop.stop_token_ids),
+            ignore_eos=req.stop.ignore_eos,
+            min_tokens=req.stop.min_tokens,
+            priority=req.priority,
+            cache_salt=req.cache_salt or None,
+            skip_prefix_cache=req.skip_prefix_cache,
+        )
+        live = LiveRequest(core=core, model=req.model, sampling=req.sampling)
+        return self._admit(live)
+
+    def submit_embed(self, request_id: str, model: str, token_ids: list[int],
+                     embed: worker_pb2.EmbedParams) -> LiveRequest:
+        links = self._check_model(model, request_id, embed=True)
+        self._check_tokens(token_ids, links[0].registration)
+        core = Request(request_id=request_id, prompt_token_ids=token_ids, max_tokens=0,
+                       is_embedding=True)
+        live = LiveRequest(core=core, model=model, sampling=frontend_pb2.SamplingParams(),
+                           embed=embed)
+        return self._admit(live)
+
+    def abort(self, request_id: str) -> bool:
+        live = self.requests.pop(request_id, None)
+        if live is None:
+            return False
+        live.done = True
+        link = self.where.pop(request_id, None)
+        if link is not None:
+            link.abort(request_id)
+        self.metrics.finished(live, FinishReason.ABORT.value)
+        return True
+
+    def reset_prefix_cache(self) -> bool:
+        return all([link.scheduler.reset_prefix_cache() for link in self.links.values()])
+
+    def _admit(self, live: LiveRequest) -> LiveRequest:
+        self._place(live)
+        self.requests[live.request_id] = live
+        return live
+
+    def _check_model(self, model: str, request_id: str, embed: bool) -> list[WorkerLink]:
+        if request_id in self.requests:
+            raise PlacementError(grpc.StatusCode.ALREADY_EXISTS,
+                                 f"request id {request_id!r} is already in use")
+        links = self.links_for(model)
+        if not links:
+            known = {info.name for info in self.models()}
+            if model in known:
+                raise PlacementError(grpc.StatusCode.UNAVAILABLE,
+                                     f"no worker for model {model!r} is up")
+            raise PlacementError(grpc.StatusCode.NOT_FOUND, f"model {model!r} does not exist")
+        if links[0].is_embedding != embed:
+            what = "an embedding" if links[0].is_embedding else "a generative"
+            raise PlacementError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"model {model!r} is {what} model")
+        waiting = sum(link.scheduler.num_waiting for link in links)
+        if waiting >= self.config.max_waiting_requests:
+            raise PlacementError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"the queue for model {model!r} is full")
+        return links
+
+    @staticmethod
+    def _check_tokens(token_ids: list[int], reg: worker_pb2.Registration) -> None:
+        if not token_ids:
+            raise PlacementError(grpc.StatusCode.INVALID_ARGUMENT, "the prompt is empty")
+        bad = next((t for t in token_ids if t >= reg.vocab_size), None)
+        if bad is not None:
+            raise PlacementError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"token id {bad} is out of vocabulary (size {reg.vocab_size})")
+
+    def _place(self, live: LiveRequest) -> None:
+        links = self.links_for(live.model)
+        if not links:
+            raise PlacementError(grpc.StatusCode.UNAVAILABLE,
+                                 f"no worker for model {live.model!r} is up")
+        link = max(links, key=lambda lk: self._placement_score(lk, live.core))
+        self.where[live.request_id] = link
+        link.add(live)
+
+    def _placement_score(self, link: WorkerLink, core: Request) -> float:
+        cached = 0
+        if not link.is_embedding:
+            cached = link.scheduler.cached_prefix_tokens(core.all_token_ids, core.cache_salt)
+        return cached / CACHED_TOKENS_PER_QUEUED_REQUEST - link.load
+
+    def _on_update(self, live: LiveRequest, update: RequestUpdate) -> None:
+        if live.done:
+            return
+        now = time.monotonic()
+        if update.new_token_ids and live.first_token_time is None:
+            live.first_token_time = now
+        self.metrics.tokens_generated(live, len(update.new_token_ids))
+        if update.finish_reason is not None:
+            live.done = True
+            self.requests.pop(live.request_id, None)
+            self.where.pop(live.request_id, None)
+            self.metrics.finished(live, update.finish_reason.value)
+        live.updates.put_nowait(update)
+
+    def _fail(self, live: LiveRequest, code: grpc.StatusCode, message: str) -> None:
+        live.done = True
+        self.requests.pop(live.request_id, None)
+        self.where.pop(live.request_id, None)
+        self.metrics.finished(live, FinishReason.ERROR.value)
+        live.updates.put_nowait(RequestFailure(code, message))

@@ -1,0 +1,103 @@
+"""One connected worker as the scheduler sees it: its own ledger and the requests placed on it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from protos import frontend_pb2, worker_pb2
+from scheduler_svc.convert import model_result_from, plan_from_output
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.output import RequestUpdate, SchedulerOutput
+from scheduler_svc.core.request import Request
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.live import LiveRequest
+
+log = logging.getLogger(__name__)
+
+EMPTY_OUTPUT = SchedulerOutput(step_id=0, new=[], cont=[], dropped_request_ids=[], finished=[],
+                               num_batched_tokens=0)
+
+
+class LinkClosed(Exception):
+    """The worker's stream ended: the link must not hand out more plans."""
+
+
+class WorkerLink:
+    def __init__(self, registration: worker_pb2.Registration, config: SchedulerConfig,
+                 on_update: Callable[[LiveRequest, RequestUpdate], None]) -> None:
+        self.registration = registration
+        self.worker_id = registration.worker_id
+        self.model = registration.model_name
+        self.is_embedding = registration.kind == frontend_pb2.MODEL_KIND_EMBED
+        self.scheduler = Scheduler(config)
+        self.live: dict[str, LiveRequest] = {}
+        self.alive = True
+        self._on_update = on_update
+        self._wake = asyncio.Event()
+        self._in_flight: SchedulerOutput | None = None
+        self.steps = 0
+
+    @property
+    def load(self) -> int:
+        return len(self.live)
+
+    def add(self, live: LiveRequest) -> None:
+        self.live[live.request_id] = live
+        self.scheduler.add_request(live.core)
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        if self.scheduler.abort_request(request_id):
+            self._wake.set()  # the next plan tells the worker to drop it
+        self.live.pop(request_id, None)
+
+    def close(self) -> list[Request]:
+        """The worker is gone: empty its ledger and hand back its live requests to re-place."""
+        self.alive = False
+        self._wake.set()
+        drained = self.scheduler.drain("worker_lost")
+        self.live.clear()
+        return drained
+
+    async def next_plan(self) -> worker_pb2.Plan:
+        while True:
+            if not self.alive:
+                raise LinkClosed(self.worker_id)
+            self._wake.clear()
+            out = self.scheduler.schedule()
+            self._dispatch(out.finished)
+            if not out.is_empty:
+                self._in_flight = out
+                self._note_scheduled(out)
+                return plan_from_output(out, self.live.__getitem__)
+            await self._wake.wait()
+
+    def apply_result(self, result: worker_pb2.StepResult) -> None:
+        out = self._in_flight or EMPTY_OUTPUT
+        self._in_flight = None
+        for emb in result.embeddings:
+            live = self.live.get(emb.request_id)
+            if live is not None:
+                live.embedding = list(emb.values)
+        updates = self.scheduler.update_from_output(out, model_result_from(result))
+        self.steps += 1
+        self._dispatch(updates)
+
+    def _note_scheduled(self, out: SchedulerOutput) -> None:
+        now = time.monotonic()
+        for new in out.new:
+            live = self.live.get(new.request_id)
+            if live is not None and live.first_scheduled_time is None:
+                live.first_scheduled_time = now
+
+    def _dispatch(self, updates: list[RequestUpdate]) -> None:
+        for update in updates:
+            live = self.live.get(update.request_id)
+            if live is None:
+                continue
+            if update.finish_reason is not None:
+                del self.live[update.request_id]
+            self._on_update(live, update)

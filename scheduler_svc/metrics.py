@@ -1,0 +1,120 @@
+"""Prometheus exposition for the scheduler service (names: DESIGN section 9)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from scheduler_svc.link import WorkerLink
+    from scheduler_svc.live import LiveRequest
+
+# Buckets wide enough for a 2-core CPU (seconds per token) and an H100 (milliseconds).
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
+                   20.48, 40.96, 81.92, 163.84)
+TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28,
+                         2.56, 5.12)
+
+REGISTRY = CollectorRegistry()
+
+
+class RequestMetrics:
+    """Per-request latencies and token counts, labelled by model only."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(f"kvledger_{name}", doc, ["model"], buckets=buckets,
+                             registry=registry)
+
+        self.ttft = hist("time_to_first_token_seconds", "Time to first token", LATENCY_BUCKETS)
+        self.tpot = hist("time_per_output_token_seconds", "Time per output token after the first",
+                         TOKEN_LATENCY_BUCKETS)
+        self.e2e = hist("e2e_request_latency_seconds", "Arrival to finish", LATENCY_BUCKETS)
+        self.queue = hist("request_queue_time_seconds", "Arrival to first scheduled",
+                          LATENCY_BUCKETS)
+        self.finished_total = Counter("kvledger_requests_finished_total",
+                                      "Requests finished, by reason", ["model", "reason"],
+                                      registry=registry)
+        self.prompt_tokens = Counter("kvledger_prompt_tokens_total", "Prompt tokens of finished "
+                                     "requests", ["model"], registry=registry)
+        self.generation_tokens = Counter("kvledger_generation_tokens_total",
+                                         "Generated tokens", ["model"], registry=registry)
+
+    def tokens_generated(self, live: LiveRequest, count: int) -> None:
+        if count:
+            self.generation_tokens.labels(live.model).inc(count)
+
+    def finished(self, live: LiveRequest, reason: str) -> None:
+        now = time.monotonic()
+        model = live.model
+        self.finished_total.labels(model, reason).inc()
+        self.prompt_tokens.labels(model).inc(len(live.core.prompt_token_ids))
+        self.e2e.labels(model).observe(now - live.arrival_time)
+        if live.first_scheduled_time is not None:
+            self.queue.labels(model).observe(live.first_scheduled_time - live.arrival_time)
+        if live.first_token_time is not None:
+            self.ttft.labels(model).observe(live.first_token_time - live.arrival_time)
+            n_out = len(live.core.output_token_ids)
+            if n_out > 1:
+                self.tpot.labels(model).observe((now - live.first_token_time) / (n_out - 1))
+
+
+class LedgerCollector(Collector):
+    """Reads every worker's ledger at scrape time, so the numbers are exactly the ledger's."""
+
+    def __init__(self, links: Callable[[], Iterable[WorkerLink]]) -> None:
+        self._links = links
+
+    def collect(self):  # noqa: ANN201 - prometheus_client's protocol
+        labels = ["model", "worker"]
+
+        def counter(name: str, doc: str, extra: list[str] | None = None) -> CounterMetricFamily:
+            return CounterMetricFamily(f"kvledger_{name}", doc, labels=labels + (extra or []))
+
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"kvledger_{name}", doc, labels=labels)
+
+        fams = {
+            "queries": counter("prefix_cache_queries", "Prompt tokens looked up in the cache"),
+            "hits": counter("prefix_cache_hits", "Prompt tokens found in the cache"),
+            "stale": counter("tracker_stale_entries", "Tracker lookups found stale before use",
+                             ["source"]),
+            "released": counter("tracker_entries_released", "Tracker lookups released",
+                                ["reason"]),
+            "orphans": counter("tracker_orphans", "Tracker entries without a live request "
+                               "(a bug signal: should stay 0)"),
+            "evictions": counter("kv_block_evictions", "Cached blocks evicted for reuse"),
+            "preemptions": counter("num_preemptions", "Requests preempted for recompute"),
+            "entries": gauge("tracker_entries", "Live tracker entries"),
+            "total": gauge("kv_blocks_total", "KV blocks in the worker's pool"),
+            "in_use": gauge("kv_blocks_in_use", "KV blocks referenced by a request"),
+            "cached": gauge("kv_blocks_cached", "KV blocks holding a cached hash"),
+            "usage": gauge("kv_cache_usage_ratio", "Blocks in use / total"),
+            "running": gauge("num_requests_running", "Requests running"),
+            "waiting": gauge("num_requests_waiting", "Requests waiting"),
+        }
+        for link in self._links():
+            lv = [link.model, link.worker_id]
+            snap = link.scheduler.snapshot()
+            fams["queries"].add_metric(lv, snap.prefix_cache_queries)
+            fams["hits"].add_metric(lv, snap.prefix_cache_hits)
+            for source, n in snap.stale_entries.items():
+                fams["stale"].add_metric(lv + [source], n)
+            for reason, n in snap.entries_released.items():
+                fams["released"].add_metric(lv + [reason], n)
+            fams["orphans"].add_metric(lv, snap.orphans)
+            fams["evictions"].add_metric(lv, snap.evictions)
+            fams["preemptions"].add_metric(lv, snap.preemptions)
+            fams["entries"].add_metric(lv, snap.tracker_entries)
+            fams["total"].add_metric(lv, snap.blocks_total)
+            fams["in_use"].add_metric(lv, snap.blocks_in_use)
+            fams["cached"].add_metric(lv, snap.blocks_cached)
+            fams["usage"].add_metric(lv, snap.usage)
+            fams["running"].add_metric(lv, snap.num_running)
+            fams["waiting"].add_metric(lv, snap.num_waiting)
+        yield from fams.values()

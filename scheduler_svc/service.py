@@ -1,0 +1,126 @@
+"""gRPC servicers: the frontend-facing Scheduler service and the worker-facing WorkerLink."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+
+from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2, worker_pb2_grpc
+from scheduler_svc.convert import response_from_update
+from scheduler_svc.core.request import FinishReason
+from scheduler_svc.engine import Engine, PlacementError
+from scheduler_svc.link import LinkClosed
+from scheduler_svc.live import LiveRequest, RequestFailure
+
+log = logging.getLogger(__name__)
+
+
+class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def Generate(self, request: frontend_pb2.GenerateRequest,
+                       context: grpc.aio.ServicerContext
+                       ) -> AsyncIterator[frontend_pb2.GenerateResponse]:
+        live = await self._submit(context, self.engine.submit_generate, request)
+        try:
+            while True:
+                update = await live.updates.get()
+                if isinstance(update, RequestFailure):
+                    await context.abort(update.code, update.message)
+                if update.finish_reason == FinishReason.IGNORED:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, update.finish_message)
+                yield response_from_update(update)
+                if update.finish_reason is not None:
+                    return
+        finally:
+            # Client gone (cancelled) or the stream ended early: release everything it holds.
+            if not live.done:
+                self.engine.abort(live.request_id)
+
+    async def Embed(self, request: frontend_pb2.EmbedRequest,
+                    context: grpc.aio.ServicerContext) -> frontend_pb2.EmbedResponse:
+        params = worker_pb2.EmbedParams(normalize=request.normalize,
+                                        dimensions=request.dimensions)
+        base = request.request_id or uuid.uuid4().hex
+        lives: list[LiveRequest] = []
+        try:
+            for i, item in enumerate(request.inputs):
+                lives.append(await self._submit(context, self.engine.submit_embed,
+                                                f"{base}-{i}", request.model, list(item.ids),
+                                                params))
+            response = frontend_pb2.EmbedResponse()
+            for live in lives:
+                update = await live.updates.get()
+                if isinstance(update, RequestFailure):
+                    await context.abort(update.code, update.message)
+                if update.finish_reason != FinishReason.STOP or live.embedding is None:
+                    code = (grpc.StatusCode.INVALID_ARGUMENT
+                            if update.finish_reason == FinishReason.IGNORED
+                            else grpc.StatusCode.INTERNAL)
+                    await context.abort(code, update.finish_message or "embedding failed")
+                response.embeddings.add(values=live.embedding)
+                response.num_prompt_tokens += len(live.core.prompt_token_ids)
+            return response
+        finally:
+            for live in lives:
+                if not live.done:
+                    self.engine.abort(live.request_id)
+
+    async def Abort(self, request: frontend_pb2.AbortRequest,
+                    context: grpc.aio.ServicerContext) -> frontend_pb2.AbortResponse:
+        return frontend_pb2.AbortResponse(aborted=self.engine.abort(request.request_id))
+
+    async def ListModels(self, request: frontend_pb2.ListModelsRequest,
+                         context: grpc.aio.ServicerContext) -> frontend_pb2.ListModelsResponse:
+        return frontend_pb2.ListModelsResponse(models=self.engine.models())
+
+    async def ResetPrefixCache(self, request: frontend_pb2.ResetPrefixCacheRequest,
+                               context: grpc.aio.ServicerContext
+                               ) -> frontend_pb2.ResetPrefixCacheResponse:
+        return frontend_pb2.ResetPrefixCacheResponse(reset=self.engine.reset_prefix_cache())
+
+    @staticmethod
+    async def _submit(context: grpc.aio.ServicerContext, submit, *args) -> LiveRequest:  # noqa: ANN001
+        try:
+            return submit(*args)
+        except PlacementError as err:
+            await context.abort(err.code, err.message)
+            raise  # unreachable: abort raises
+
+
+class WorkerLinkServicer(worker_pb2_grpc.WorkerLinkServicer):
+    def __init__(self, engine: Engine, auth_token: str = "") -> None:
+        self.engine = engine
+        self.auth_token = auth_token
+
+    async def Connect(self, request_iterator: AsyncIterator[worker_pb2.WorkerMessage],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.Plan]:
+        messages = request_iterator.__aiter__()
+        first = await messages.__anext__()
+        if first.WhichOneof("kind") != "registration":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "the first message must be a registration")
+        reg = first.registration
+        if self.auth_token and reg.auth_token != self.auth_token:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad worker auth token")
+        try:
+            link = self.engine.register(reg)
+        except PlacementError as err:
+            await context.abort(err.code, err.message)
+            return
+        context.add_done_callback(lambda _ctx: self.engine.unregister(link))
+        try:
+            async for message in messages:
+                if message.WhichOneof("kind") != "result":
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                        "expected a step result")
+                link.apply_result(message.result)
+                yield await link.next_plan()
+        except LinkClosed:
+            return
+        finally:
+            self.engine.unregister(link)

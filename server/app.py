@@ -1,0 +1,270 @@
+"""The FastAPI frontend: OpenAI-compatible routes over the scheduler's gRPC service."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import grpc
+import numpy as np
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+
+import kvledger
+from protos import frontend_pb2
+from server.client import SchedulerClient, ServedModel
+from server.completions import (
+    Completion,
+    build_completion,
+    echo_prefix,
+    merged,
+    run_choice,
+    stream_text,
+    tokenize_prompts,
+)
+from server.errors import APIError, from_grpc, install_error_handlers
+from server.protocol import (
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+)
+
+T = TypeVar("T")
+DISCONNECT_POLL_SECONDS = 0.05
+
+
+@dataclass
+class Settings:
+    scheduler: str = "127.0.0.1:50051"
+    api_keys: list[str] = field(default_factory=list)
+    require_models: list[str] = field(default_factory=list)
+
+
+def _tenant_salt(tenant: str, cache_salt: str | None) -> str:
+    """Namespaces the prefix cache per API key: no client can borrow another tenant's salt."""
+    if not tenant and not cache_salt:
+        return ""
+    return hashlib.sha256(f"{tenant}\0{cache_salt or ''}".encode()).hexdigest()
+
+
+def build_app(settings: Settings) -> FastAPI:
+    client_box: dict[str, SchedulerClient] = {}
+    registry = CollectorRegistry()
+    http_requests = Counter("kvledger_http_requests_total", "HTTP requests by route and status",
+                            ["route", "status"], registry=registry)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        client_box["c"] = SchedulerClient(settings.scheduler)
+        yield
+        await client_box["c"].close()
+
+    app = FastAPI(title="kvledger", version=kvledger.__version__, lifespan=lifespan)
+    install_error_handlers(app)
+
+    def client() -> SchedulerClient:
+        return client_box["c"]
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):  # noqa: ANN001, ANN202
+        response = await call_next(request)
+        route = request.scope.get("route")
+        http_requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+        return response
+
+    def tenant(request: Request) -> str:
+        """The API key's tenant ('' when the server is open); 401 for a missing or wrong key."""
+        if not settings.api_keys:
+            return ""
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() == "bearer":
+            matches = [hmac.compare_digest(token.encode(), k.encode())
+                       for k in settings.api_keys]
+            if any(matches):
+                return hashlib.sha256(token.encode()).hexdigest()[:16]
+        raise APIError(401, "Incorrect or missing API key.", code="invalid_api_key")
+
+    async def model_for(name: str) -> ServedModel:
+        try:
+            return await client().model(name)
+        except grpc.aio.AioRpcError as err:
+            raise from_grpc(err) from None
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok = await client().is_serving()
+        if ok:
+            try:
+                models = await client().models(refresh=True)
+            except grpc.aio.AioRpcError:
+                models = {}
+            ok = bool(models) and all(
+                name in models and models[name].info.num_workers > 0
+                for name in settings.require_models)
+        return Response(status_code=200 if ok else 503)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": kvledger.__version__}
+
+    @app.get("/metrics", dependencies=[Depends(tenant)])
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", dependencies=[Depends(tenant)])
+    async def list_models() -> dict:
+        try:
+            models = await client().models(refresh=True)
+        except grpc.aio.AioRpcError as err:
+            raise from_grpc(err) from None
+        return {"object": "list", "data": [
+            {"id": m.name, "object": "model", "created": 0, "owned_by": "kvledger",
+             "max_model_len": m.info.max_model_len} for m in models.values()]}
+
+    @app.post("/tokenize", dependencies=[Depends(tenant)])
+    async def tokenize(body: TokenizeRequest) -> dict:
+        model = await model_for(body.model)
+        ids = model.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens).ids
+        return {"tokens": ids, "count": len(ids), "max_model_len": model.info.max_model_len}
+
+    @app.post("/detokenize", dependencies=[Depends(tenant)])
+    async def detokenize(body: DetokenizeRequest) -> dict:
+        model = await model_for(body.model)
+        vocab = model.info.vocab_size
+        if any(t >= vocab for t in body.tokens):
+            raise APIError(400, f"token ids must be below the vocabulary size {vocab}",
+                           param="tokens")
+        return {"prompt": model.tokenizer.decode(body.tokens)}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request,
+                          who: str = Depends(tenant)) -> Response:
+        model = await model_for(body.model)
+        completion = build_completion(body, model, _tenant_salt(who, body.cache_salt))
+        events = merged([run_choice(client().stub, completion, c) for c in completion.choices],
+                        completion.choices)
+        if body.stream:
+            return await _streaming_response(completion, events)
+        await _until_disconnect(request, _drain(events))
+        return JSONResponse(_completion_body(completion))
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, request: Request,
+                         who: str = Depends(tenant)) -> dict:
+        del who
+        model = await model_for(body.model)
+        if not model.is_embedding:
+            raise APIError(400, f"model `{model.name}` does not serve embeddings", param="model")
+        inputs = tokenize_prompts(CompletionRequest(model=body.model, prompt=body.input), model)
+        req = frontend_pb2.EmbedRequest(
+            request_id=f"embd-{uuid.uuid4().hex}", model=model.name, normalize=True,
+            dimensions=body.dimensions or 0,
+            inputs=[frontend_pb2.TokenIds(ids=ids) for ids in inputs])
+        try:
+            reply = await _until_disconnect(request, client().stub.Embed(req))
+        except grpc.aio.AioRpcError as err:
+            raise from_grpc(err) from None
+        data = [{"object": "embedding", "index": i,
+                 "embedding": _encode_embedding(list(e.values), body.encoding_format)}
+                for i, e in enumerate(reply.embeddings)]
+        return {"object": "list", "data": data, "model": model.name,
+                "usage": {"prompt_tokens": reply.num_prompt_tokens,
+                          "total_tokens": reply.num_prompt_tokens}}
+
+    return app
+
+
+def _encode_embedding(values: list[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
+    return values
+
+
+async def _drain(events: AsyncIterator[Completion | object]) -> None:
+    async for _ in events:
+        pass
+
+
+async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Runs work; a client that goes away cancels it (which aborts its requests)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                raise APIError(499, "client disconnected")
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def _choice_body(completion: Completion, index: int, text: str, finish: str | None) -> dict:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+
+
+def _completion_body(completion: Completion) -> dict:
+    choices = [_choice_body(completion, c.index, echo_prefix(completion, c) + c.text,
+                            c.finish_reason) for c in completion.choices]
+    return {"id": completion.id, "object": "text_completion", "created": completion.created,
+            "model": completion.model.name, "choices": choices, "usage": completion.usage()}
+
+
+async def _streaming_response(completion: Completion, events: AsyncIterator) -> Response:
+    # Wait for the first event so that errors (bad prompt, no worker) still get a status code.
+    try:
+        first = await anext(events)
+    except StopAsyncIteration:
+        first = None
+    include_usage = bool(completion.body.stream_options and
+                         completion.body.stream_options.include_usage)
+    holdback = max(completion.max_stop_len - 1, 0)
+
+    def chunk(choices: list[dict], usage: dict | None = None) -> str:
+        body = {"id": completion.id, "object": "text_completion", "created": completion.created,
+                "model": completion.model.name, "choices": choices}
+        if include_usage:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+
+    def render(choice) -> str | None:  # noqa: ANN001
+        text = stream_text(choice, holdback)
+        if completion.body.echo and not choice.echoed:
+            text = echo_prefix(completion, choice) + text
+            choice.echoed = True
+        if not text and choice.finish_reason is None:
+            return None
+        return chunk([_choice_body(completion, choice.index, text, choice.finish_reason)])
+
+    async def sse() -> AsyncIterator[str]:
+        try:
+            if first is not None:
+                if (out := render(first)) is not None:
+                    yield out
+                async for choice in events:
+                    if (out := render(choice)) is not None:
+                        yield out
+            if include_usage:
+                yield chunk([], completion.usage())
+        except APIError as err:
+            yield f"data: {json.dumps(err.body())}\n\n"
+        finally:
+            await events.aclose()
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(sse(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+

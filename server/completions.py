@@ -1,0 +1,220 @@
+"""/v1/completions: one Generate stream per choice, detokenized, with stop strings applied."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from protos import frontend_pb2, frontend_pb2_grpc
+from server.client import ServedModel
+from server.detokenizer import IncrementalDetokenizer
+from server.errors import APIError, from_grpc
+from server.protocol import CompletionRequest
+
+
+@dataclass
+class Choice:
+    index: int
+    prompt_index: int
+    request: frontend_pb2.GenerateRequest
+    detokenizer: IncrementalDetokenizer
+    text: str = ""
+    sent: int = 0  # characters of text already streamed
+    echoed: bool = False
+    num_tokens: int = 0
+    num_cached_tokens: int = 0
+    finish_reason: str | None = None
+
+
+@dataclass
+class Completion:
+    id: str
+    model: ServedModel
+    body: CompletionRequest
+    prompts: list[list[int]]
+    choices: list[Choice] = field(default_factory=list)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def max_stop_len(self) -> int:
+        return max((len(s) for s in self.body.stop_strings), default=0)
+
+    def usage(self) -> dict:
+        prompt_tokens = sum(len(p) for p in self.prompts)
+        completion_tokens = sum(c.num_tokens for c in self.choices)
+        cached = [0] * len(self.prompts)
+        for c in self.choices:
+            cached[c.prompt_index] = max(cached[c.prompt_index], c.num_cached_tokens)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": sum(cached)}}
+
+
+def _reject_unsupported(body: CompletionRequest) -> None:
+    """Fields whose sampling the worker does not implement yet: refuse rather than ignore."""
+    unsupported = {
+        "logprobs": body.logprobs is not None,
+        "presence_penalty": bool(body.presence_penalty),
+        "frequency_penalty": bool(body.frequency_penalty),
+        "repetition_penalty": body.repetition_penalty not in (None, 1.0),
+        "min_p": bool(body.min_p),
+    }
+    for param, used in unsupported.items():
+        if used:
+            raise APIError(400, f"`{param}` is not supported by this server yet", param=param)
+
+
+def tokenize_prompts(body: CompletionRequest, model: ServedModel) -> list[list[int]]:
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        texts: list[str] | None = [prompt]
+    elif prompt and all(isinstance(p, str) for p in prompt):
+        texts = list(prompt)  # type: ignore[arg-type]
+    else:
+        texts = None
+    if texts is not None:
+        prompts = [e.ids for e in model.tokenizer.encode_batch(texts)]
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [list(prompt)]  # type: ignore[arg-type]
+    else:
+        prompts = [list(p) for p in prompt]  # type: ignore[union-attr]
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise APIError(400, "prompt must not be empty", param="prompt")
+    return prompts
+
+
+def build_completion(body: CompletionRequest, model: ServedModel, salt: str) -> Completion:
+    if model.is_embedding:
+        raise APIError(400, f"model `{model.name}` is an embedding model", param="model")
+    _reject_unsupported(body)
+    prompts = tokenize_prompts(body, model)
+    limit = model.info.max_model_len
+    completion = Completion(id=f"cmpl-{uuid.uuid4().hex}", model=model, body=body,
+                            prompts=prompts)
+    for p_index, prompt in enumerate(prompts):
+        max_tokens = body.max_tokens if body.max_tokens is not None else limit - len(prompt)
+        if len(prompt) + max_tokens > limit:
+            raise APIError(
+                400, f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, "
+                f"{max_tokens} in the completion). Please reduce the length of the messages or "
+                "completion.", param="messages", code="context_length_exceeded")
+        for n in range(body.n):
+            index = len(completion.choices)
+            request = _generate_request(body, model, prompt, max_tokens, salt,
+                                        f"{completion.id}-{index}")
+            detok = IncrementalDetokenizer(model.tokenizer, prompt, body.skip_special_tokens)
+            completion.choices.append(Choice(index, p_index, request, detok))
+            del n
+    return completion
+
+
+def _generate_request(body: CompletionRequest, model: ServedModel, prompt: list[int],
+                      max_tokens: int, salt: str, request_id: str
+                      ) -> frontend_pb2.GenerateRequest:
+    temperature = 1.0 if body.temperature is None else body.temperature
+    sampling = frontend_pb2.SamplingParams(
+        temperature=temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=max(body.top_k or 0, 0),
+        min_p=body.min_p or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=body.repetition_penalty or 1.0,
+        logprobs=-1 if body.logprobs is None else body.logprobs,
+    )
+    if body.seed is not None:
+        sampling.seed = body.seed
+    stop = frontend_pb2.StopCriteria(max_tokens=max_tokens,
+                                     stop_token_ids=body.stop_token_ids or [],
+                                     ignore_eos=body.ignore_eos, min_tokens=body.min_tokens)
+    return frontend_pb2.GenerateRequest(
+        request_id=request_id, model=model.name, prompt_token_ids=prompt, sampling=sampling,
+        stop=stop, cache_salt=salt, priority=body.priority)
+
+
+async def run_choice(stub: frontend_pb2_grpc.SchedulerStub, completion: Completion,
+                     choice: Choice) -> AsyncIterator[None]:
+    """Drives one choice; yields each time its text or finish reason changed."""
+    stops = completion.body.stop_strings
+    call = stub.Generate(choice.request)
+    try:
+        async for response in call:
+            choice.num_cached_tokens = response.num_cached_tokens
+            choice.num_tokens += len(response.token_ids)
+            choice.text += choice.detokenizer.push(list(response.token_ids))
+            if response.finish_reason:
+                if response.finish_reason == "error":
+                    raise APIError(500, response.message or "the worker failed this request")
+                choice.text += choice.detokenizer.flush()
+                choice.finish_reason = "length" if response.finish_reason == "length" else "stop"
+            if stops and _cut_at_stop(choice, stops):
+                choice.finish_reason = "stop"
+            yield
+            if choice.finish_reason is not None:
+                return
+    except grpc.aio.AioRpcError as err:
+        raise from_grpc(err) from None
+    finally:
+        call.cancel()  # no-op when finished; aborts the request when we stop early
+
+
+def _cut_at_stop(choice: Choice, stops: list[str]) -> bool:
+    window_start = max(0, choice.sent - max(len(s) for s in stops))
+    hits = [i for s in stops if (i := choice.text.find(s, window_start)) != -1]
+    if not hits:
+        return False
+    choice.text = choice.text[:min(hits)]
+    return True
+
+
+async def merged(streams: list[AsyncIterator[None]],
+                 choices: list[Choice]) -> AsyncIterator[Choice]:
+    """Runs every choice concurrently; yields the choice that changed, as it changes."""
+    queue: asyncio.Queue[tuple[Choice, BaseException | None] | None] = asyncio.Queue()
+
+    async def pump(stream: AsyncIterator[None], choice: Choice) -> None:
+        try:
+            async for _ in stream:
+                await queue.put((choice, None))
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer
+            await queue.put((choice, err))
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(s, c)) for s, c in zip(streams, choices, strict=True)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+                continue
+            choice, err = item
+            if err is not None:
+                raise err
+            yield choice
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def stream_text(choice: Choice, holdback: int) -> str:
+    """Text of a choice that is safe to send now (a stop string may still be forming)."""
+    end = len(choice.text) if choice.finish_reason else max(choice.sent, len(choice.text) - holdback)
+    delta = choice.text[choice.sent:end]
+    choice.sent = end
+    return delta
+
+
+def echo_prefix(completion: Completion, choice: Choice) -> str:
+    if not completion.body.echo:
+        return ""
+    prompt = completion.prompts[choice.prompt_index]
+    return completion.model.tokenizer.decode(prompt, skip_special_tokens=True)

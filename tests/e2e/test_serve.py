@@ -1,0 +1,128 @@
+"""`kvledger serve` end to end: real processes, real gRPC and HTTP, the official openai client."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+import openai
+import pytest
+
+from tests.serving import alive, metric_sum, scrape, start_serve
+
+PROMPT = "The quick brown fox jumps over the lazy dog and"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    served = start_serve(tmp_path_factory.mktemp("serve"), "--num-kv-blocks", "64")
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
+
+
+def wait_idle(served, timeout: float = 5.0) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        samples = scrape(served.scheduler_metrics_url)
+        busy = (metric_sum(samples, "kvledger_kv_blocks_in_use") +
+                metric_sum(samples, "kvledger_tracker_entries") +
+                metric_sum(samples, "kvledger_num_requests_running") +
+                metric_sum(samples, "kvledger_num_requests_waiting"))
+        if busy == 0 or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.05)
+
+
+def test_models_lists_tiny_llama(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny-llama"]
+
+
+def test_completion_shape_and_usage(client, served):
+    out = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=12,
+                                    temperature=0)
+    assert out.object == "text_completion"
+    assert out.model == "tiny-llama"
+    assert len(out.choices) == 1
+    choice = out.choices[0]
+    assert choice.index == 0
+    assert choice.finish_reason in ("length", "stop")
+    assert isinstance(choice.text, str) and choice.text
+    assert out.usage.prompt_tokens > 5
+    assert 1 <= out.usage.completion_tokens <= 12
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    samples = wait_idle(served)
+    assert metric_sum(samples, "kvledger_kv_blocks_in_use") == 0
+    assert metric_sum(samples, "kvledger_tracker_entries") == 0
+
+
+def test_streamed_text_equals_non_streamed(client):
+    kwargs = dict(model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0)
+    full = client.completions.create(**kwargs, extra_body={"ignore_eos": True})
+    chunks = list(client.completions.create(**kwargs, stream=True,
+                                            extra_body={"ignore_eos": True}))
+    assert all(c.object == "text_completion" for c in chunks)
+    assert all(c.choices[0].text for c in chunks[:-1]), "no empty chunk before the last"
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
+    assert full.usage.completion_tokens == 24
+
+
+def test_stream_include_usage(client):
+    chunks = list(client.completions.create(
+        model="tiny-llama", prompt=PROMPT, max_tokens=5, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    assert all(c.usage is None for c in chunks[:-1])
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == 5
+
+
+def test_second_identical_prompt_hits_the_prefix_cache(client, served):
+    prompt = PROMPT * 6  # several full blocks
+    first = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=4,
+                                      temperature=0)
+    second = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=4,
+                                       temperature=0)
+    assert second.choices[0].text == first.choices[0].text
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 16 and cached % 16 == 0 and cached < second.usage.prompt_tokens
+
+
+def test_bad_requests_get_openai_errors_and_leave_nothing(client, served):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=10**6)
+    assert "maximum context length" in str(err.value)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=2,
+                                  temperature=-1)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny-llama", prompt=[10**9], max_tokens=2)
+    ok = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=2)
+    assert ok.choices[0].text is not None
+    samples = wait_idle(served)
+    assert metric_sum(samples, "kvledger_kv_blocks_in_use") == 0
+
+
+def test_health_and_version(served):
+    with urllib.request.urlopen(f"{served.url}/health") as reply:
+        assert reply.status == 200
+    with urllib.request.urlopen(f"{served.url}/version") as reply:
+        assert b"version" in reply.read()
+
+
+def test_stop_leaves_no_process(tmp_path):
+    served = start_serve(tmp_path, "--num-kv-blocks", "32")
+    code = served.stop()
+    assert code == 0, served.log()
+    assert len(served.children) >= 3
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in served.children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in served.children if alive(p)]

@@ -1,0 +1,51 @@
+"""`python -m worker`: loads a model, keeps paged KV memory, serves the scheduler's plans."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+
+from prometheus_client import start_http_server
+
+from kvledger.flags import WORKER, parse
+from kvledger.log import setup_logging
+from kvledger.models import resolve_model
+from protos import frontend_pb2, worker_pb2
+from worker.executor import Executor
+from worker.link import WorkerLinkClient
+from worker.metrics import WorkerMetrics
+from worker.model_runner import ModelRunner
+
+log = logging.getLogger("worker")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse(WORKER, argv, "kvledger worker: model, paged KV memory, attention")
+    setup_logging("worker", args.log_level)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    model_path = resolve_model(args.model)
+    name = args.served_model_name or args.model
+    worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+    runner = ModelRunner(model_path, block_size=args.block_size, num_blocks=args.num_kv_blocks,
+                         kv_cache_memory_bytes=args.kv_cache_memory_bytes, dtype=args.dtype,
+                         device=args.device, max_model_len=args.max_model_len, seed=args.seed)
+    registration = worker_pb2.Registration(
+        worker_id=worker_id, model_name=name, model_path=str(model_path),
+        kind=frontend_pb2.MODEL_KIND_GENERATE, block_size=runner.block_size,
+        num_blocks=runner.num_blocks, max_model_len=runner.max_model_len,
+        vocab_size=runner.vocab_size, eos_token_ids=runner.eos_token_ids,
+        auth_token=args.worker_auth_token)
+    metrics = WorkerMetrics(name, worker_id)
+    start_http_server(args.metrics_port, registry=metrics.registry)
+    log.info("worker %s: model %s (%s), %d KV blocks of %d tokens, metrics on :%d", worker_id,
+             name, model_path, runner.num_blocks, runner.block_size, args.metrics_port)
+    client = WorkerLinkClient(args.scheduler, registration, Executor(runner), metrics)
+    client.run_forever()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,73 @@
+"""The worker's side of the Connect stream: register, then pull plans and push results."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+
+from protos import worker_pb2, worker_pb2_grpc
+from worker.executor import Executor
+from worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class WorkerLinkClient:
+    def __init__(self, target: str, registration: worker_pb2.Registration, executor: Executor,
+                 metrics: WorkerMetrics) -> None:
+        self.target = target
+        self.registration = registration
+        self.executor = executor
+        self.metrics = metrics
+        self.stopping = threading.Event()
+
+    def run_forever(self) -> None:
+        """Serve plans; after a lost scheduler, reconnect with an empty KV cache."""
+        backoff = 0.2
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            try:
+                self._serve_once()
+            except grpc.RpcError as err:
+                if err.code() in (grpc.StatusCode.UNAUTHENTICATED,
+                                  grpc.StatusCode.ALREADY_EXISTS):
+                    raise SystemExit(f"scheduler refused this worker: {err.details()}") from err
+                log.warning("link to scheduler %s lost: %s", self.target, err.code().name)
+            if time.monotonic() - started > 10:
+                backoff = 0.2
+            self.stopping.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _serve_once(self) -> None:
+        outbox: queue.SimpleQueue[worker_pb2.WorkerMessage | None] = queue.SimpleQueue()
+        self.executor.reset()
+        outbox.put(worker_pb2.WorkerMessage(registration=self.registration))
+        hello = worker_pb2.StepResult(all_cleared=True)
+        self.metrics.observe(hello, 0)
+        outbox.put(worker_pb2.WorkerMessage(result=hello))
+
+        def outgoing() -> Iterator[worker_pb2.WorkerMessage]:
+            while (message := outbox.get()) is not None:
+                yield message
+
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        with grpc.insecure_channel(self.target, options=options) as channel:
+            stub = worker_pb2_grpc.WorkerLinkStub(channel)
+            log.info("connecting to scheduler at %s", self.target)
+            try:
+                for plan in stub.Connect(outgoing(), wait_for_ready=True):
+                    stale_before = self.executor.counters.stale_block_hits
+                    result = self.executor.step(plan)
+                    self.metrics.observe(result,
+                                         self.executor.counters.stale_block_hits - stale_before)
+                    outbox.put(worker_pb2.WorkerMessage(result=result))
+            finally:
+                outbox.put(None)
