@@ -1,0 +1,137 @@
+"""Reference paged attention in plain torch (CPU and CUDA); the backend CI runs.
+
+Per layer: write the batch's new K/V into the cache, then attend. Sequences with several new
+tokens (prefills, chunks over a cached prefix) attend one by one over their gathered context;
+single-token sequences (decodes) attend together in one padded call. Masks and gather indices
+are built once per step in `plan` and reused by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from worker.attention.base import AttentionBackend, AttentionMetadata
+
+
+@dataclass
+class PrefillSeq:
+    q_start: int
+    q_end: int
+    context_len: int
+    blocks: torch.Tensor  # [num_blocks_of_context] long
+    mask: torch.Tensor | None  # [q_len, context_len] bool; None = causal from position 0
+
+
+@dataclass
+class DecodeGroup:
+    token_idx: torch.Tensor  # [n] long: rows of the flat batch
+    block_tables: torch.Tensor  # [n, max_blocks] long
+    mask: torch.Tensor  # [n, 1, 1, max_blocks * block_size] bool: key is visible
+
+
+@dataclass
+class TorchPlan:
+    slot_mapping: torch.Tensor
+    prefills: list[PrefillSeq]
+    decode: DecodeGroup | None
+
+
+class TorchAttention(AttentionBackend):
+    name = "torch"
+
+    def plan(self, meta: AttentionMetadata) -> TorchPlan:
+        device = meta.slot_mapping.device
+        prefills: list[PrefillSeq] = []
+        decode_rows: list[int] = []
+        q_start = 0
+        for i, q_len in enumerate(meta.query_lens_list):
+            if q_len == 1:
+                decode_rows.append(i)
+            else:
+                prefills.append(_prefill_seq(meta, i, q_start, device))
+            q_start += q_len
+        decode = _decode_group(meta, decode_rows, device) if decode_rows else None
+        return TorchPlan(meta.slot_mapping, prefills, decode)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, plan: TorchPlan,
+                scale: float) -> torch.Tensor:
+        write_kv(k, v, k_cache, v_cache, plan.slot_mapping)  # every write before any read
+        out = torch.empty_like(q)
+        for seq in plan.prefills:
+            out[seq.q_start:seq.q_end] = _attend_prefill(q, k_cache, v_cache, seq, scale)
+        if plan.decode is not None:
+            out[plan.decode.token_idx] = _attend_decode(q, k_cache, v_cache, plan.decode, scale)
+        return out
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    heads, dim = k_cache.shape[-2:]
+    k_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, v)
+
+
+def _attend_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    seq: PrefillSeq, scale: float) -> torch.Tensor:
+    keys = k_cache[seq.blocks].flatten(0, 1)[:seq.context_len].transpose(0, 1)
+    values = v_cache[seq.blocks].flatten(0, 1)[:seq.context_len].transpose(0, 1)
+    queries = q[seq.q_start:seq.q_end].transpose(0, 1)  # [H, q_len, D]
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seq.mask,
+                                         is_causal=seq.mask is None, scale=scale,
+                                         enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+def _attend_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   group: DecodeGroup, scale: float) -> torch.Tensor:
+    keys = k_cache[group.block_tables].flatten(1, 2).transpose(1, 2)  # [n, Hkv, L, D]
+    values = v_cache[group.block_tables].flatten(1, 2).transpose(1, 2)
+    queries = q[group.token_idx].unsqueeze(2)  # [n, H, 1, D]
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask,
+                                         scale=scale, enable_gqa=True)
+    return out.squeeze(2)
+
+
+def _prefill_seq(meta: AttentionMetadata, i: int, q_start: int,
+                 device: torch.device) -> PrefillSeq:
+    start, q_len = meta.start_pos_list[i], meta.query_lens_list[i]
+    context_len = start + q_len
+    blocks = torch.tensor(meta.block_tables_list[i], dtype=torch.long, device=device)
+    mask = None
+    if start > 0 or meta.sliding_window is not None:
+        q_pos = torch.arange(start, context_len, device=device).unsqueeze(1)
+        k_pos = torch.arange(context_len, device=device).unsqueeze(0)
+        mask = _visible(q_pos, k_pos, meta.sliding_window)
+    return PrefillSeq(q_start, q_start + q_len, context_len, blocks, mask)
+
+
+def _decode_group(meta: AttentionMetadata, rows: list[int], device: torch.device) -> DecodeGroup:
+    starts = torch.tensor([sum(meta.query_lens_list[:0])] * 0 + _row_offsets(meta, rows),
+                          dtype=torch.long, device=device)
+    tables = meta.block_tables[rows].to(torch.long)
+    width = max(len(meta.block_tables_list[r]) for r in rows)
+    tables = tables[:, :width]
+    q_pos = torch.tensor([meta.start_pos_list[r] for r in rows], device=device).view(-1, 1)
+    k_pos = torch.arange(width * meta.block_size, device=device).view(1, -1)
+    mask = _visible(q_pos, k_pos, meta.sliding_window)
+    return DecodeGroup(starts, tables, mask.view(len(rows), 1, 1, -1))
+
+
+def _row_offsets(meta: AttentionMetadata, rows: list[int]) -> list[int]:
+    offsets, total = [], 0
+    for q_len in meta.query_lens_list:
+        offsets.append(total)
+        total += q_len
+    return [offsets[r] for r in rows]
+
+
+def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Causal (key at or before the query), and within the sliding window if there is one."""
+    visible = k_pos <= q_pos
+    if window is not None:
+        visible &= q_pos - k_pos < window
+    return visible

@@ -1,0 +1,147 @@
+"""ModelConfig: what the worker needs from a Hugging Face `config.json`, checked up front.
+
+Parsing fails with a clear message before any memory is taken: an unsupported architecture,
+activation or RoPE type never reaches weight loading.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    type: str = "default"
+    # scaling parameters of the type (factor, low_freq_factor, original_max_position_embeddings…)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    torch_dtype: str | None = None
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{model_dir} has no config.json")
+        config = json.loads(path.read_text())
+        gen_path = Path(model_dir) / "generation_config.json"
+        generation = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+        return cls.from_dict(config, generation)
+
+    @classmethod
+    def from_dict(cls, c: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
+        arch = _architecture(c)
+        if c.get("hidden_act", "silu") != "silu":
+            raise UnsupportedModelError(f"{arch}: activation {c['hidden_act']!r} is not supported "
+                                        "(only silu)")
+        heads = int(c["num_attention_heads"])
+        kv_heads = int(c.get("num_key_value_heads") or heads)
+        if heads % kv_heads:
+            raise UnsupportedModelError(f"{heads} attention heads are not a multiple of "
+                                        f"{kv_heads} KV heads")
+        is_qwen2 = arch == "Qwen2ForCausalLM"
+        attention_bias = bool(c.get("attention_bias", False))
+        return cls(
+            architecture=arch,
+            model_type=str(c.get("model_type", "")),
+            vocab_size=int(c["vocab_size"]),
+            hidden_size=int(c["hidden_size"]),
+            intermediate_size=int(c["intermediate_size"]),
+            num_layers=int(c["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=int(c.get("head_dim") or int(c["hidden_size"]) // heads),
+            rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
+            rope=parse_rope(c),
+            # Qwen2 always biases q/k/v and never o; Llama's attention_bias covers all four.
+            qkv_bias=is_qwen2 or attention_bias,
+            o_bias=attention_bias and not is_qwen2,
+            mlp_bias=bool(c.get("mlp_bias", False)),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            sliding_window=_sliding_window(c, arch),
+            bos_token_id=c.get("bos_token_id"),
+            eos_token_ids=_eos_ids(c, generation or {}),
+            torch_dtype=c.get("torch_dtype") or c.get("dtype"),
+        )
+
+
+def _architecture(c: dict[str, Any]) -> str:
+    archs = c.get("architectures") or []
+    for arch in archs:
+        if arch in DECODER_ARCHITECTURES:
+            return arch
+    found = ", ".join(archs) or f"model_type {c.get('model_type')!r}"
+    raise UnsupportedModelError(f"unsupported architecture {found}; this worker runs "
+                                f"{', '.join(DECODER_ARCHITECTURES)}")
+
+
+def parse_rope(c: dict[str, Any]) -> RopeConfig:
+    """Both spellings: transformers 5 `rope_parameters`, and `rope_theta` + `rope_scaling`."""
+    scaling = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    if any(isinstance(v, dict) for v in scaling.values()):
+        raise UnsupportedModelError("per-layer-type RoPE parameters are not supported")
+    theta = float(scaling.get("rope_theta") or c.get("rope_theta") or 10000.0)
+    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type not in ROPE_TYPES:
+        raise UnsupportedModelError(f"RoPE type {rope_type!r} is not supported "
+                                    f"({', '.join(ROPE_TYPES)})")
+    params = {k: v for k, v in scaling.items() if k not in ("rope_theta", "rope_type", "type")}
+    if rope_type in ("llama3", "yarn"):
+        params.setdefault("original_max_position_embeddings",
+                          c.get("original_max_position_embeddings")
+                          or c.get("max_position_embeddings", 2048))
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedModelError("partial rotary embeddings are not supported")
+    return RopeConfig(theta=theta, type=rope_type, params=params)
+
+
+def _sliding_window(c: dict[str, Any], arch: str) -> int | None:
+    if arch == "Qwen2ForCausalLM":
+        if c.get("use_sliding_window"):
+            # Qwen2 windows only the layers past max_window_layers; not implemented here.
+            raise UnsupportedModelError("Qwen2 with use_sliding_window is not supported")
+        return None
+    window = c.get("sliding_window")
+    return int(window) if window else None
+
+
+def _eos_ids(c: dict[str, Any], generation: dict[str, Any]) -> tuple[int, ...]:
+    ids: list[int] = []
+    for source in (c.get("eos_token_id"), generation.get("eos_token_id")):
+        for token in source if isinstance(source, list) else [source]:
+            if token is not None and int(token) not in ids:
+                ids.append(int(token))
+    return tuple(ids)

@@ -1,0 +1,104 @@
+"""Rotary position embedding with Llama's rotate-half layout and the scalings HF checkpoints use.
+
+The inverse frequencies follow transformers' `modeling_rope_utils` formula by formula, so the
+cos/sin tables (and hence the logits) agree with it in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from worker.config import RopeConfig
+
+
+def default_inv_freq(dim: int, theta: float) -> torch.Tensor:
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (theta ** exponents)
+
+
+def linear_inv_freq(dim: int, theta: float, params: dict) -> torch.Tensor:
+    return default_inv_freq(dim, theta) / float(params["factor"])
+
+
+def llama3_inv_freq(dim: int, theta: float, params: dict) -> torch.Tensor:
+    inv_freq = default_inv_freq(dim, theta)
+    factor = float(params["factor"])
+    low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+    old_len = float(params["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def yarn_inv_freq(dim: int, theta: float, params: dict) -> tuple[torch.Tensor, float]:
+    factor = float(params["factor"])
+    old_len = float(params["original_max_position_embeddings"])
+    beta_fast, beta_slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # a zero-width ramp would divide by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = theta ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, _yarn_attention_factor(factor, params)
+
+
+def _yarn_attention_factor(factor: float, params: dict) -> float:
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+    if m and m_all:
+        return mscale(factor, m) / mscale(factor, m_all)
+    return mscale(factor)
+
+
+def inv_freq_and_scale(dim: int, rope: RopeConfig) -> tuple[torch.Tensor, float]:
+    if rope.type == "default":
+        return default_inv_freq(dim, rope.theta), 1.0
+    if rope.type == "linear":
+        return linear_inv_freq(dim, rope.theta, rope.params), 1.0
+    if rope.type == "llama3":
+        return llama3_inv_freq(dim, rope.theta, rope.params), 1.0
+    if rope.type == "yarn":
+        return yarn_inv_freq(dim, rope.theta, rope.params)
+    raise ValueError(f"unsupported RoPE type {rope.type!r}")
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for every position up to `max_positions`, looked up once per step."""
+
+    def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        inv_freq, scale = inv_freq_and_scale(head_dim, rope)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        self.register_buffer("cos", (freqs.cos() * scale).to(dtype), persistent=False)
+        self.register_buffer("sin", (freqs.sin() * scale).to(dtype), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T] positions -> cos, sin of shape [T, 1, head_dim / 2] (broadcast over heads)."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]; rotate-half layout (first half pairs with second half)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
