@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import logging
 import os
@@ -43,10 +44,8 @@ class Child:
 
 def _die_with_parent() -> None:
     """Children get SIGTERM if `kvledger serve` itself dies, so nothing is left running."""
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 def _serve_parser() -> argparse.ArgumentParser:

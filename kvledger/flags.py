@@ -1,7 +1,8 @@
 """Command-line flags shared by every service and by `kvledger serve`.
 
 Each flag is declared once with the services that take it. Every flag also reads its default
-from the environment as ``KVLEDGER_<FLAG_IN_CAPS>`` (``--max-num-seqs`` -> ``KVLEDGER_MAX_NUM_SEQS``).
+from the environment as ``KVLEDGER_<FLAG_IN_CAPS>``: ``--max-num-seqs`` reads
+``KVLEDGER_MAX_NUM_SEQS``.
 """
 
 from __future__ import annotations

@@ -207,7 +207,10 @@ async def merged(streams: list[AsyncIterator[None]],
 
 def stream_text(choice: Choice, holdback: int) -> str:
     """Text of a choice that is safe to send now (a stop string may still be forming)."""
-    end = len(choice.text) if choice.finish_reason else max(choice.sent, len(choice.text) - holdback)
+    if choice.finish_reason:
+        end = len(choice.text)
+    else:
+        end = max(choice.sent, len(choice.text) - holdback)
     delta = choice.text[choice.sent:end]
     choice.sent = end
     return delta

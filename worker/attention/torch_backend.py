@@ -45,15 +45,18 @@ class TorchAttention(AttentionBackend):
     def plan(self, meta: AttentionMetadata) -> TorchPlan:
         device = meta.slot_mapping.device
         prefills: list[PrefillSeq] = []
+        decode_seqs: list[int] = []
         decode_rows: list[int] = []
         q_start = 0
         for i, q_len in enumerate(meta.query_lens_list):
             if q_len == 1:
-                decode_rows.append(i)
+                decode_seqs.append(i)
+                decode_rows.append(q_start)
             else:
                 prefills.append(_prefill_seq(meta, i, q_start, device))
             q_start += q_len
-        decode = _decode_group(meta, decode_rows, device) if decode_rows else None
+        decode = (_decode_group(meta, decode_seqs, decode_rows, device)
+                  if decode_seqs else None)
         return TorchPlan(meta.slot_mapping, prefills, decode)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -109,24 +112,15 @@ def _prefill_seq(meta: AttentionMetadata, i: int, q_start: int,
     return PrefillSeq(q_start, q_start + q_len, context_len, blocks, mask)
 
 
-def _decode_group(meta: AttentionMetadata, rows: list[int], device: torch.device) -> DecodeGroup:
-    starts = torch.tensor([sum(meta.query_lens_list[:0])] * 0 + _row_offsets(meta, rows),
-                          dtype=torch.long, device=device)
-    tables = meta.block_tables[rows].to(torch.long)
-    width = max(len(meta.block_tables_list[r]) for r in rows)
-    tables = tables[:, :width]
-    q_pos = torch.tensor([meta.start_pos_list[r] for r in rows], device=device).view(-1, 1)
+def _decode_group(meta: AttentionMetadata, seqs: list[int], rows: list[int],
+                  device: torch.device) -> DecodeGroup:
+    width = max(len(meta.block_tables_list[i]) for i in seqs)
+    tables = meta.block_tables[seqs, :width].to(torch.long)
+    q_pos = torch.tensor([meta.start_pos_list[i] for i in seqs], device=device).view(-1, 1)
     k_pos = torch.arange(width * meta.block_size, device=device).view(1, -1)
-    mask = _visible(q_pos, k_pos, meta.sliding_window)
-    return DecodeGroup(starts, tables, mask.view(len(rows), 1, 1, -1))
-
-
-def _row_offsets(meta: AttentionMetadata, rows: list[int]) -> list[int]:
-    offsets, total = [], 0
-    for q_len in meta.query_lens_list:
-        offsets.append(total)
-        total += q_len
-    return [offsets[r] for r in rows]
+    mask = _visible(q_pos, k_pos, meta.sliding_window).view(len(seqs), 1, 1, -1)
+    token_idx = torch.tensor(rows, dtype=torch.long, device=device)
+    return DecodeGroup(token_idx, tables, mask)
 
 
 def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:

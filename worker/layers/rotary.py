@@ -52,8 +52,9 @@ def yarn_inv_freq(dim: int, theta: float, params: dict) -> tuple[torch.Tensor, f
         high += 0.001  # a zero-width ramp would divide by zero
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     pos_freqs = theta ** (torch.arange(0, dim, 2).float() / dim)
-    extrapolation = 1 - ramp
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    interpolated, extrapolated = 1.0 / (factor * pos_freqs), 1.0 / pos_freqs
+    weight = 1 - ramp  # share of the extrapolated (unscaled) frequency
+    inv_freq = interpolated * (1 - weight) + extrapolated * weight
     return inv_freq, _yarn_attention_factor(factor, params)
 
 

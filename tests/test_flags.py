@@ -1,0 +1,65 @@
+"""Flags: one declaration, env defaults, and `kvledger serve` handing each flag to its service."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvledger import cli
+from kvledger.flags import FLAGS, FRONTEND, SCHEDULER, WORKER, flags_for, parse, to_argv
+
+DESIGN_FLAGS = {
+    FRONTEND: {"--host", "--port", "--api-key"},
+    SCHEDULER: {"--enable-prefix-caching", "--max-num-seqs", "--max-num-batched-tokens",
+                "--enable-chunked-prefill", "--debug-invariants"},
+    WORKER: {"--model", "--served-model-name", "--block-size", "--max-model-len",
+             "--num-kv-blocks", "--gpu-memory-utilization", "--dtype", "--seed"},
+}
+
+
+@pytest.mark.parametrize("service", [FRONTEND, SCHEDULER, WORKER])
+def test_design_flags_belong_to_their_service(service):
+    names = {f.name for f in flags_for(service)}
+    assert DESIGN_FLAGS[service] <= names
+
+
+def test_every_flag_reads_its_environment_variable(monkeypatch):
+    monkeypatch.setenv("KVLEDGER_MAX_NUM_SEQS", "7")
+    monkeypatch.setenv("KVLEDGER_ENABLE_PREFIX_CACHING", "false")
+    monkeypatch.setenv("KVLEDGER_API_KEY", "k1,k2")
+    monkeypatch.setenv("KVLEDGER_DEBUG_INVARIANTS", "1")
+    sched = parse(SCHEDULER, [], "t")
+    assert sched.max_num_seqs == 7
+    assert sched.enable_prefix_caching is False
+    assert sched.debug_invariants is True
+    assert parse(FRONTEND, [], "t").api_key == ["k1", "k2"]
+    assert parse(FRONTEND, ["--api-key", "only"], "t").api_key == ["only"]
+    assert parse(SCHEDULER, ["--max-num-seqs", "3"], "t").max_num_seqs == 3
+
+
+def test_default_ports_match_the_design():
+    assert parse(FRONTEND, [], "t").port == 8000
+    sched = parse(SCHEDULER, [], "t")
+    assert (sched.grpc_port, sched.metrics_port) == (50051, 9400)
+    assert parse(WORKER, [], "t").metrics_port == 9401
+
+
+@pytest.mark.parametrize("service", [FRONTEND, SCHEDULER, WORKER])
+def test_serve_hands_each_flag_to_its_service_unchanged(service):
+    serve_argv = ["--port", "8123", "--api-key", "a", "--api-key", "b",
+                  "--no-enable-prefix-caching", "--max-num-seqs", "5", "--debug-invariants",
+                  "--model", "/m", "--dtype", "bfloat16", "--num-kv-blocks", "99",
+                  "--seed", "3", "--max-model-len", "512"]
+    serve_args = cli._serve_parser().parse_args(serve_argv)
+    handed = parse(service, to_argv(serve_args, service), "t")
+    for flag in flags_for(service):
+        if flag.name in ("--scheduler", "--metrics-port"):
+            continue  # serve sets these per process
+        expected = getattr(serve_args, flag.dest)
+        if flag.kind == "list":
+            expected = expected or []
+        assert getattr(handed, flag.dest) == expected, flag.name
+
+
+def test_flag_names_are_unique():
+    names = [f.name for f in FLAGS]
+    assert len(names) == len(set(names))

@@ -1,0 +1,123 @@
+"""One step's input: the sequences' chunks, flattened into a varlen token batch with metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from worker.attention.base import AttentionMetadata
+
+
+@dataclass
+class SeqChunk:
+    request_id: str
+    token_ids: list[int]  # the tokens to compute in this step
+    start_pos: int  # tokens of this sequence already in the KV cache
+    block_table: list[int]  # covers start_pos + len(token_ids) tokens
+    sample: bool  # True: return a next token sampled after the last of token_ids
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    # Per-request seed; the generator is derived per position (seed, start_pos + len) so the
+    # same request recomputed elsewhere samples the same tokens.
+    seed: int | None = None
+
+    @property
+    def end_pos(self) -> int:
+        return self.start_pos + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    block_size: int
+    num_blocks: int
+    vocab_size: int
+    max_model_len: int
+
+
+@dataclass
+class StepBatch:
+    input_ids: torch.Tensor  # [T] long
+    positions: torch.Tensor  # [T] long
+    attn: AttentionMetadata
+    last_rows: list[int]  # flat row of each chunk's last token
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+def prepare_batch(chunks: list[SeqChunk], limits: BatchLimits, device: torch.device,
+                  sliding_window: int | None = None) -> StepBatch:
+    """Flatten the chunks; a bad chunk raises ValueError naming its request, before any compute."""
+    bs = limits.block_size
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    tables: list[list[int]] = []
+    last_rows: list[int] = []
+    for chunk in chunks:
+        table = _check(chunk, limits)
+        tables.append(table)
+        ids.extend(chunk.token_ids)
+        span = range(chunk.start_pos, chunk.end_pos)
+        positions.extend(span)
+        slots.extend(table[p // bs] * bs + p % bs for p in span)
+        last_rows.append(len(ids) - 1)
+    width = max(len(t) for t in tables)
+    padded = [t + [0] * (width - len(t)) for t in tables]
+    query_lens = [len(c.token_ids) for c in chunks]
+    cu_q = [0]
+    for n in query_lens:
+        cu_q.append(cu_q[-1] + n)
+    attn = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        query_start_loc=torch.tensor(cu_q, dtype=torch.int32, device=device),
+        context_lens=torch.tensor([c.end_pos for c in chunks], dtype=torch.int32, device=device),
+        block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
+        query_lens_list=query_lens,
+        start_pos_list=[c.start_pos for c in chunks],
+        block_tables_list=tables,
+        block_size=bs,
+        sliding_window=sliding_window,
+    )
+    return StepBatch(
+        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        attn=attn,
+        last_rows=last_rows,
+    )
+
+
+def _check(chunk: SeqChunk, limits: BatchLimits) -> list[int]:
+    """Validate one chunk; return the part of its block table its context needs."""
+    who = f"request {chunk.request_id}"
+    if not chunk.token_ids:
+        raise ValueError(f"{who}: a chunk needs at least one token")
+    if chunk.start_pos < 0:
+        raise ValueError(f"{who}: negative start_pos {chunk.start_pos}")
+    if chunk.end_pos > limits.max_model_len:
+        raise ValueError(f"{who}: {chunk.end_pos} tokens exceed max_model_len "
+                         f"{limits.max_model_len}")
+    if min(chunk.token_ids) < 0 or max(chunk.token_ids) >= limits.vocab_size:
+        raise ValueError(f"{who}: token id outside the vocabulary [0, {limits.vocab_size})")
+    needed = -(-chunk.end_pos // limits.block_size)
+    if len(chunk.block_table) < needed:
+        raise ValueError(f"{who}: block table of {len(chunk.block_table)} blocks cannot hold "
+                         f"{chunk.end_pos} tokens")
+    table = list(chunk.block_table[:needed])
+    if min(table) < 0 or max(table) >= limits.num_blocks:
+        raise ValueError(f"{who}: block id outside [0, {limits.num_blocks})")
+    if chunk.sample:
+        _check_sampling(chunk, who)
+    return table
+
+
+def _check_sampling(chunk: SeqChunk, who: str) -> None:
+    if chunk.temperature < 0:
+        raise ValueError(f"{who}: temperature must be >= 0")
+    if not 0 < chunk.top_p <= 1:
+        raise ValueError(f"{who}: top_p must be in (0, 1]")
+    if chunk.top_k < 0:
+        raise ValueError(f"{who}: top_k must be >= 0")
