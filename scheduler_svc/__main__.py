@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
@@ -16,16 +17,17 @@ from kvledger.flags import SCHEDULER, parse
 from kvledger.log import setup_logging
 from protos import frontend_pb2_grpc, worker_pb2_grpc
 from scheduler_svc.engine import Engine, EngineConfig
-from scheduler_svc.metrics import REGISTRY, LedgerCollector
 from scheduler_svc.service import SchedulerServicer, WorkerLinkServicer
 
 log = logging.getLogger("scheduler_svc")
 
 
-async def serve(args) -> None:  # noqa: ANN001
+async def start(args: argparse.Namespace, metrics: bool = True
+                ) -> tuple[grpc.aio.Server, Engine, health.aio.HealthServicer]:
+    """Starts the gRPC server (and the metrics endpoint); returns once it accepts calls."""
     engine = Engine(EngineConfig.from_args(args))
-    REGISTRY.register(LedgerCollector(lambda: list(engine.links.values())))
-    start_http_server(args.metrics_port, addr=args.grpc_host, registry=REGISTRY)
+    if metrics:
+        start_http_server(args.metrics_port, addr=args.grpc_host, registry=engine.registry)
 
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -42,6 +44,11 @@ async def serve(args) -> None:  # noqa: ANN001
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info("scheduler listening on %s (gRPC), metrics on :%d", address, args.metrics_port)
+    return server, engine, health_servicer
+
+
+async def serve(args: argparse.Namespace) -> None:
+    server, _engine, health_servicer = await start(args)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

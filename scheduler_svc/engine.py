@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from protos import frontend_pb2, worker_pb2
 from scheduler_svc.core.config import SchedulerConfig
@@ -15,7 +16,7 @@ from scheduler_svc.core.output import RequestUpdate
 from scheduler_svc.core.request import FinishReason, Request
 from scheduler_svc.link import WorkerLink
 from scheduler_svc.live import LiveRequest, RequestFailure
-from scheduler_svc.metrics import RequestMetrics
+from scheduler_svc.metrics import LedgerCollector, RequestMetrics
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,14 @@ class EngineConfig:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, registry: CollectorRegistry | None = None) -> None:
         self.config = config
+        self.registry = registry or CollectorRegistry()
         self.links: dict[str, WorkerLink] = {}
         self.requests: dict[str, LiveRequest] = {}
         self.where: dict[str, WorkerLink] = {}
-        self.metrics = RequestMetrics()
+        self.metrics = RequestMetrics(self.registry)
+        self.registry.register(LedgerCollector(lambda: list(self.links.values())))
 
     # ---- workers ----
 

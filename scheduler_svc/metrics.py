@@ -20,13 +20,10 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 
 TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28,
                          2.56, 5.12)
 
-REGISTRY = CollectorRegistry()
-
-
 class RequestMetrics:
     """Per-request latencies and token counts, labelled by model only."""
 
-    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(f"kvledger_{name}", doc, ["model"], buckets=buckets,
                              registry=registry)

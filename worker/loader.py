@@ -1,0 +1,106 @@
+"""Load Hugging Face `*.safetensors` weights into a model, with a progress bar.
+
+Every parameter must be filled exactly once (packed ones shard by shard); anything missing or
+unexpected is an error naming the tensors, never a silently random weight.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from tqdm import tqdm
+
+# Buffers some checkpoints carry that the model recomputes.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The index's files if there is one, else `model.safetensors`, else every `*.safetensors`.
+
+    Some repositories ship the same weights twice (e.g. `consolidated.safetensors` with other
+    names): the index, or the standard single-file name, says which set to read.
+    """
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / name for name in names]
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+    return files
+
+
+def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> None:
+    params = dict(model.named_parameters())
+    packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
+    filled = dict.fromkeys(params, 0)
+    unexpected: list[str] = []
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    files = weight_files(Path(model_dir))
+    total = sum(_count(f) for f in files)
+    with tqdm(total=total, desc="loading weights", unit="tensor", disable=not progress) as bar:
+        for path in files:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    bar.update()
+                    if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+                        continue
+                    target, rows = _target(name, packed, model)
+                    if target not in params:
+                        unexpected.append(name)
+                        continue
+                    tensor = f.get_tensor(name)
+                    _copy(params[target], rows, tensor, name)
+                    filled[target] += tensor.shape[0] if rows is not None else 1
+    _check_complete(model, params, filled, unexpected)
+
+
+def _count(path: Path) -> int:
+    with safe_open(str(path), framework="pt") as f:
+        return len(list(f.keys()))
+
+
+def _target(name: str, packed: dict[str, tuple[str, str]],
+            model: nn.Module) -> tuple[str, slice | None]:
+    """Checkpoint name -> our parameter name, and the rows it fills if the parameter is packed."""
+    for ckpt_module, (our_module, shard) in packed.items():
+        marker = f".{ckpt_module}."
+        if marker in name:
+            target = name.replace(marker, f".{our_module}.")
+            module = model.get_submodule(target.rsplit(".", 1)[0])
+            return target, module.shards[shard]
+    return name, None
+
+
+def _copy(param: torch.Tensor, rows: slice | None, tensor: torch.Tensor, name: str) -> None:
+    dest = param.data[rows] if rows is not None else param.data
+    if dest.shape != tensor.shape:
+        raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, "
+                         f"the model expects {tuple(dest.shape)}")
+    dest.copy_(tensor)
+
+
+def _check_complete(model: nn.Module, params: dict[str, nn.Parameter], filled: dict[str, int],
+                    unexpected: list[str]) -> None:
+    if unexpected:
+        raise ValueError(f"checkpoint tensors the model does not know: {_few(unexpected)}")
+    missing = []
+    for name, param in params.items():
+        module = model.get_submodule(name.rsplit(".", 1)[0])
+        shards = getattr(module, "shards", None)
+        expected = param.shape[0] if shards is not None else 1
+        if filled[name] != expected:
+            missing.append(name)
+    if missing:
+        raise ValueError(f"checkpoint lacks weights for: {_few(missing)}")
+
+
+def _few(names: list[str]) -> str:
+    return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
