@@ -1,4 +1,4 @@
-"""Paged KV memory: per layer a K and a V tensor of [num_blocks, block_size, num_kv_heads, head_dim].
+"""Paged KV memory: per layer K and V of [num_blocks, block_size, num_kv_heads, head_dim].
 
 The scheduler owns which block holds what; the worker only owns the memory.
 """

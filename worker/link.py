@@ -27,6 +27,13 @@ class WorkerLinkClient:
         self.executor = executor
         self.metrics = metrics
         self.stopping = threading.Event()
+        self._call: grpc.Call | None = None
+
+    def stop(self) -> None:
+        """Ends the link (the scheduler sees a lost worker) and stops reconnecting."""
+        self.stopping.set()
+        if self._call is not None:
+            self._call.cancel()
 
     def run_forever(self) -> None:
         """Serve plans; after a lost scheduler, reconnect with an empty KV cache."""
@@ -62,12 +69,16 @@ class WorkerLinkClient:
         with grpc.insecure_channel(self.target, options=options) as channel:
             stub = worker_pb2_grpc.WorkerLinkStub(channel)
             log.info("connecting to scheduler at %s", self.target)
+            self._call = stub.Connect(outgoing(), wait_for_ready=True)
+            if self.stopping.is_set():
+                self._call.cancel()
             try:
-                for plan in stub.Connect(outgoing(), wait_for_ready=True):
+                for plan in self._call:
                     stale_before = self.executor.counters.stale_block_hits
                     result = self.executor.step(plan)
                     self.metrics.observe(result,
                                          self.executor.counters.stale_block_hits - stale_before)
                     outbox.put(worker_pb2.WorkerMessage(result=result))
             finally:
+                self._call = None
                 outbox.put(None)

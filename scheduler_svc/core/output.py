@@ -1,0 +1,73 @@
+"""What one scheduling step hands to the worker, and what comes back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler_svc.core.request import FinishReason
+
+BlockHashPair = tuple[int, bytes]  # (block_id, content hash) declared to the worker
+
+
+@dataclass(slots=True)
+class ScheduledNew:
+    """First placement on the worker, or a resume after preemption (recompute)."""
+
+    request_id: str
+    token_ids: list[int]  # every token to date (prompt + outputs)
+    block_ids: list[int]  # the whole block table
+    num_computed_tokens: int  # tokens already in KV (prefix-cache hit), before this step
+    num_scheduled_tokens: int
+    num_prompt_tokens: int
+    claimed: list[BlockHashPair]  # cache-hit blocks the plan claims already hold this content
+    written: list[BlockHashPair]  # blocks that become full in this step, with their hash
+
+
+@dataclass(slots=True)
+class ScheduledCont:
+    """A request the worker already holds."""
+
+    request_id: str
+    new_block_ids: list[int]  # appended to its table
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    written: list[BlockHashPair]
+
+
+@dataclass(slots=True)
+class RequestUpdate:
+    """What the engine streams to the frontend for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    finish_message: str = ""
+    num_cached_tokens: int = 0
+    num_prompt_tokens: int = 0
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    step_id: int
+    new: list[ScheduledNew]
+    cont: list[ScheduledCont]
+    dropped_request_ids: list[str]  # finished/aborted/preempted since the last plan
+    finished: list[RequestUpdate]  # requests that ended inside schedule() (e.g. IGNORED)
+    num_batched_tokens: int
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.new or self.cont or self.dropped_request_ids)
+
+
+@dataclass(slots=True)
+class ModelResult:
+    """What the worker reported for one SchedulerOutput."""
+
+    sampled: dict[str, int] = field(default_factory=dict)
+    errored: dict[str, str] = field(default_factory=dict)  # request_id -> message
+    stale_request_ids: list[str] = field(default_factory=list)  # refused claims: recompute
+    embedded: list[str] = field(default_factory=list)
+    stored_blocks: list[BlockHashPair] = field(default_factory=list)  # informational
+    removed_block_ids: list[int] = field(default_factory=list)
+    all_cleared: bool = False  # the worker (re)started: every cached hash is gone

@@ -1,0 +1,60 @@
+"""Counters the service exports (DESIGN section 9), and the live gauges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler_svc.core.request import FinishReason
+
+STALE_SOURCES = ("eviction", "worker_report", "worker_lost", "cache_reset")
+RELEASE_REASONS = (
+    "no_blocks",
+    "token_budget",
+    "max_num_seqs",
+    "preempted_step",
+    "finished",
+    "aborted",
+    "ignored",
+    "preempted",
+    "error",
+    "worker_lost",
+)
+
+
+def _zeros(keys: tuple[str, ...]) -> dict[str, int]:
+    return dict.fromkeys(keys, 0)
+
+
+def bump(counter: dict[str, int], key: str, amount: int = 1) -> None:
+    counter[key] = counter.get(key, 0) + amount
+
+
+@dataclass
+class SchedulerStats:
+    """Monotonic counters. Token counts are in tokens, everything else in events."""
+
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    stale_entries: dict[str, int] = field(default_factory=lambda: _zeros(STALE_SOURCES))
+    entries_released: dict[str, int] = field(default_factory=lambda: _zeros(RELEASE_REASONS))
+    orphans: int = 0  # tracker entries without a live request: a bug signal, should stay 0
+    table_orphans: int = 0  # block tables without a running request: same
+    evictions: int = 0  # cached blocks taken from the free queue for new content
+    hashes_removed: dict[str, int] = field(default_factory=lambda: _zeros(STALE_SOURCES))
+    preemptions: int = 0
+    requests_finished: dict[str, int] = field(
+        default_factory=lambda: _zeros(tuple(r.value for r in FinishReason))
+    )
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class SchedulerGauges:
+    tracker_entries: int
+    blocks_total: int
+    blocks_in_use: int
+    blocks_cached: int
+    kv_cache_usage: float
+    num_running: int
+    num_waiting: int

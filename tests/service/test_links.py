@@ -1,0 +1,176 @@
+"""The scheduler service over real gRPC, with real worker links whose model is a stand-in.
+
+The stand-in runner is the edge of this test: it returns a token that depends only on the
+sequence position, so a request recomputed on another worker yields the same tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from kvledger.flags import SCHEDULER, parse
+from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
+from scheduler_svc.__main__ import start
+from tests.serving import free_port
+from worker.batch import SeqChunk
+from worker.executor import Executor
+from worker.link import WorkerLinkClient
+from worker.metrics import WorkerMetrics
+
+VOCAB = 1000
+EOS = 999
+
+
+class PositionRunner:
+    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
+        return [100 + (c.start_pos + len(c.token_ids)) % 800 if c.sample else None
+                for c in chunks]
+
+
+class Worker:
+    def __init__(self, target: str, worker_id: str, num_blocks: int = 64) -> None:
+        reg = worker_pb2.Registration(
+            worker_id=worker_id, model_name="m", model_path="/nonexistent",
+            kind=frontend_pb2.MODEL_KIND_GENERATE, block_size=4, num_blocks=num_blocks,
+            max_model_len=256, vocab_size=VOCAB, eos_token_ids=[EOS])
+        self.client = WorkerLinkClient(target, reg, Executor(PositionRunner()),
+                                       WorkerMetrics("m", worker_id))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        with contextlib.suppress(SystemExit):
+            self.client.run_forever()
+
+    def stop(self) -> None:
+        self.client.stop()
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def scheduler():
+    loop = asyncio.new_event_loop()
+    port = free_port()
+    args = parse(SCHEDULER, ["--grpc-port", str(port), "--debug-invariants",
+                             "--max-num-batched-tokens", "64"], "t")
+    server, engine, _ = loop.run_until_complete(start(args, metrics=False))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    class Handle:
+        target = f"127.0.0.1:{port}"
+
+        def call(self, fn, *a):  # noqa: ANN001, ANN202 - run on the scheduler's loop
+            return asyncio.run_coroutine_threadsafe(_as_coro(fn, *a), loop).result(10)
+
+    handle = Handle()
+    handle.engine = engine
+    yield handle
+    asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+async def _as_coro(fn, *a):  # noqa: ANN001, ANN202
+    return fn(*a)
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:  # noqa: ANN001
+    import time
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def generate(target: str, rid: str, prompt: list[int], max_tokens: int,
+             **kw) -> Iterator[frontend_pb2.GenerateResponse]:
+    channel = grpc.insecure_channel(target)
+    stub = frontend_pb2_grpc.SchedulerStub(channel)
+    req = frontend_pb2.GenerateRequest(
+        request_id=rid, model="m", prompt_token_ids=prompt,
+        stop=frontend_pb2.StopCriteria(max_tokens=max_tokens, ignore_eos=True), **kw)
+    return stub.Generate(req)
+
+
+def ledger_idle(scheduler) -> bool:  # noqa: ANN001
+    def check() -> bool:
+        for link in scheduler.engine.links.values():
+            snap = link.scheduler.snapshot()
+            if snap.blocks_in_use or snap.tracker_entries or link.scheduler.has_unfinished():
+                return False
+        return not scheduler.engine.requests
+    return scheduler.call(check)
+
+
+def expected_tokens(prompt_len: int, n: int) -> list[int]:
+    return [100 + (prompt_len + i) % 800 for i in range(n)]
+
+
+def test_generate_streams_every_token_and_frees_everything(scheduler):
+    worker = Worker(scheduler.target, "w0")
+    try:
+        wait_for(lambda: scheduler.engine.links)
+        out = [t for r in generate(scheduler.target, "r1", list(range(1, 11)), 7)
+               for t in r.token_ids]
+        assert out == expected_tokens(10, 7)
+        wait_for(lambda: ledger_idle(scheduler))
+    finally:
+        worker.stop()
+
+
+def test_client_cancel_aborts_and_frees(scheduler):
+    worker = Worker(scheduler.target, "w0")
+    try:
+        wait_for(lambda: scheduler.engine.links)
+        stream = generate(scheduler.target, "r1", list(range(1, 30)), 200)
+        next(stream)
+        stream.cancel()
+        wait_for(lambda: ledger_idle(scheduler))
+    finally:
+        worker.stop()
+
+
+def test_errors_map_to_status_codes(scheduler):
+    with pytest.raises(grpc.RpcError) as err:
+        next(generate(scheduler.target, "r1", [1, 2], 3))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    worker = Worker(scheduler.target, "w0")
+    try:
+        wait_for(lambda: scheduler.engine.links)
+        with pytest.raises(grpc.RpcError) as err:
+            next(generate(scheduler.target, "r2", [VOCAB + 5], 3))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError) as err:
+            next(generate(scheduler.target, "r3", list(range(1, 300)), 3))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        wait_for(lambda: ledger_idle(scheduler))
+    finally:
+        worker.stop()
+    wait_for(lambda: not scheduler.engine.links)
+    with pytest.raises(grpc.RpcError) as err:
+        next(generate(scheduler.target, "r4", [1, 2], 3))
+    assert err.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE)
+
+
+def test_lost_worker_requests_continue_on_another(scheduler):
+    first = Worker(scheduler.target, "w0")
+    wait_for(lambda: len(scheduler.engine.links) == 1)
+    stream = generate(scheduler.target, "r1", list(range(1, 20)), 40)
+    got = list(next(stream).token_ids)
+    second = Worker(scheduler.target, "w1")
+    try:
+        wait_for(lambda: len(scheduler.engine.links) == 2)
+        first.stop()
+        for response in stream:
+            got += response.token_ids
+        assert got == expected_tokens(19, 40)
+        wait_for(lambda: ledger_idle(scheduler))
+    finally:
+        second.stop()

@@ -1,0 +1,121 @@
+"""ModelRunner: a model, its paged KV memory and a sampler; one batched forward per step."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from worker.attention import get_backend
+from worker.batch import BatchLimits, SeqChunk, StepBatch, prepare_batch
+from worker.config import ModelConfig
+from worker.kv_cache import KVCache, KVShape
+from worker.loader import load_weights
+from worker.models import build_model
+from worker.sampler import Sampler
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, cfg: ModelConfig) -> torch.dtype:
+    """`auto` takes the checkpoint's dtype when it is a half type, else float32."""
+    if name == "auto":
+        name = cfg.torch_dtype if cfg.torch_dtype in ("bfloat16", "float16") else "float32"
+    if name not in DTYPES:
+        raise ValueError(f"unsupported dtype {name!r} (auto, {', '.join(DTYPES)})")
+    return DTYPES[name]
+
+
+def default_threads() -> None:
+    """Use the cores this process may run on, unless the operator chose (OMP_NUM_THREADS)."""
+    if "OMP_NUM_THREADS" not in os.environ and hasattr(os, "sched_getaffinity"):
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+
+
+class ModelRunner:
+    def __init__(self, model_path: Path, *, block_size: int, num_blocks: int | None = None,
+                 kv_cache_memory_bytes: int | None = None, dtype: str = "float32",
+                 device: str = "cpu", max_model_len: int | None = None, seed: int = 0,
+                 attention_backend: str = "torch", progress: bool = True) -> None:
+        default_threads()
+        # Everything that can be refused is checked before any memory is taken.
+        self.config = cfg = ModelConfig.from_dir(Path(model_path))
+        self.dtype = resolve_dtype(dtype, cfg)
+        self.device = torch.device(device)
+        if block_size < 1:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self.max_model_len = _max_model_len(max_model_len, cfg)
+        self.vocab_size = cfg.vocab_size
+        self.eos_token_ids = list(cfg.eos_token_ids)
+        shape = KVShape(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        self.num_blocks = _num_blocks(num_blocks, kv_cache_memory_bytes, shape)
+        self.backend = get_backend(attention_backend)
+
+        self.model = build_model(cfg, self.backend, self.max_model_len, self.dtype, self.device)
+        load_weights(self.model, Path(model_path), progress=progress)
+        self.kv_cache = KVCache.allocate(shape, self.num_blocks, self.device)
+        for layer, k, v in zip(self.model.attention_layers(), self.kv_cache.k, self.kv_cache.v,
+                               strict=True):
+            layer.k_cache, layer.v_cache = k, v
+        self.limits = BatchLimits(block_size, self.num_blocks, self.vocab_size,
+                                  self.max_model_len)
+        self.sampler = Sampler(seed)
+        log.info("model %s: %s, %d layers, %s, %d KV blocks of %d tokens (%.1f MiB)",
+                 model_path, cfg.architecture, cfg.num_layers, self.dtype, self.num_blocks,
+                 block_size, self.num_blocks * shape.bytes_per_block() / 2**20)
+
+    @torch.inference_mode()
+    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
+        """One forward pass for the whole batch; a token for each chunk with sample=True."""
+        if not chunks:
+            return []
+        batch, hidden = self._forward(chunks)
+        sampling = [i for i, c in enumerate(chunks) if c.sample]
+        out: list[int | None] = [None] * len(chunks)
+        if sampling:
+            rows = torch.tensor([batch.last_rows[i] for i in sampling], device=self.device)
+            logits = self.model.compute_logits(hidden[rows])
+            tokens = self.sampler(logits, [chunks[i] for i in sampling])
+            for i, token in zip(sampling, tokens, strict=True):
+                out[i] = token
+        return out
+
+    @torch.inference_mode()
+    def logits_for(self, chunks: list[SeqChunk], all_tokens: bool = False) -> torch.Tensor:
+        """float32 logits at each chunk's last token [S, V], or at every token [T, V].
+
+        A real step: the chunks' K/V are written to the cache as in `execute`.
+        """
+        batch, hidden = self._forward(chunks)
+        if not all_tokens:
+            hidden = hidden[torch.tensor(batch.last_rows, device=self.device)]
+        return self.model.compute_logits(hidden).float()
+
+    def _forward(self, chunks: list[SeqChunk]) -> tuple[StepBatch, torch.Tensor]:
+        batch = prepare_batch(chunks, self.limits, self.device, self.config.sliding_window)
+        plan = self.backend.plan(batch.attn)
+        return batch, self.model(batch.input_ids, batch.positions, plan)
+
+
+def _max_model_len(requested: int | None, cfg: ModelConfig) -> int:
+    if requested is None:
+        return cfg.max_position_embeddings
+    if not 0 < requested <= cfg.max_position_embeddings:
+        raise ValueError(f"max_model_len {requested} must be in [1, "
+                         f"{cfg.max_position_embeddings}] (the model's max_position_embeddings)")
+    return requested
+
+
+def _num_blocks(num_blocks: int | None, budget: int | None, shape: KVShape) -> int:
+    if num_blocks is not None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        return num_blocks
+    if budget is None:
+        raise ValueError("give num_blocks or kv_cache_memory_bytes to size the KV cache")
+    return shape.blocks_for_budget(budget)
