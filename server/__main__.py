@@ -2,21 +2,38 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import uvicorn
 
 from kvledger.flags import FRONTEND, parse
 from kvledger.log import setup_logging
 from server.app import Settings, build_app
+from server.limits import Limits
+
+
+def read_api_keys(args: argparse.Namespace) -> list[str]:
+    keys = list(args.api_key)
+    if args.api_keys_file:
+        lines = Path(args.api_keys_file).read_text().splitlines()
+        keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    return keys
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    limits = Limits(**{name: getattr(args, name) for name in Limits.__dataclass_fields__})
+    return Settings(scheduler=args.scheduler, api_keys=read_api_keys(args),
+                    require_models=args.require_model, metrics_public=args.metrics_public,
+                    limits=limits)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(FRONTEND, argv, "kvledger frontend: OpenAI-compatible HTTP API")
     setup_logging("frontend", args.log_level)
-    app = build_app(Settings(scheduler=args.scheduler, api_keys=args.api_key,
-                             require_models=args.require_model))
+    app = build_app(settings_from_args(args))
     uvicorn.run(app, host=args.host, port=args.port, log_config=None,
                 log_level=args.log_level, timeout_graceful_shutdown=3)
 

@@ -32,6 +32,7 @@ from server.completions import (
     tokenize_prompts,
 )
 from server.errors import APIError, from_grpc, install_error_handlers
+from server.limits import BodySizeLimit, Limits
 from server.protocol import (
     CompletionRequest,
     DetokenizeRequest,
@@ -48,6 +49,8 @@ class Settings:
     scheduler: str = "127.0.0.1:50051"
     api_keys: list[str] = field(default_factory=list)
     require_models: list[str] = field(default_factory=list)
+    metrics_public: bool = False
+    limits: Limits = field(default_factory=Limits)
 
 
 def _tenant_salt(tenant: str, cache_salt: str | None) -> str:
@@ -71,6 +74,7 @@ def build_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="kvledger", version=kvledger.__version__, lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.limits.max_request_body_bytes)
 
     def client() -> SchedulerClient:
         return client_box["c"]
@@ -118,7 +122,9 @@ def build_app(settings: Settings) -> FastAPI:
     async def version() -> dict:
         return {"version": kvledger.__version__}
 
-    @app.get("/metrics", dependencies=[Depends(tenant)])
+    metrics_guard = [] if settings.metrics_public else [Depends(tenant)]
+
+    @app.get("/metrics", dependencies=metrics_guard)
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -151,7 +157,8 @@ def build_app(settings: Settings) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request,
                           who: str = Depends(tenant)) -> Response:
         model = await model_for(body.model)
-        completion = build_completion(body, model, _tenant_salt(who, body.cache_salt))
+        completion = build_completion(body, model, _tenant_salt(who, body.cache_salt),
+                                      settings.limits)
         events = merged([run_choice(client().stub, completion, c) for c in completion.choices],
                         completion.choices)
         if body.stream:
@@ -167,6 +174,16 @@ def build_app(settings: Settings) -> FastAPI:
         if not model.is_embedding:
             raise APIError(400, f"model `{model.name}` does not serve embeddings", param="model")
         inputs = tokenize_prompts(CompletionRequest(model=body.model, prompt=body.input), model)
+        if len(inputs) > settings.limits.max_embedding_inputs:
+            raise APIError(400, f"at most {settings.limits.max_embedding_inputs} inputs per "
+                           "request", param="input")
+        too_long = next((len(i) for i in inputs if len(i) > model.info.max_model_len), None)
+        if too_long is not None:
+            raise APIError(400, f"This model's maximum context length is "
+                           f"{model.info.max_model_len} tokens. However, you requested "
+                           f"{too_long} tokens in the input for embedding generation. Please "
+                           "reduce the length of the input.", param="input",
+                           code="context_length_exceeded")
         req = frontend_pb2.EmbedRequest(
             request_id=f"embd-{uuid.uuid4().hex}", model=model.name, normalize=True,
             dimensions=body.dimensions or 0,

@@ -14,6 +14,7 @@ from protos import frontend_pb2, frontend_pb2_grpc
 from server.client import ServedModel
 from server.detokenizer import IncrementalDetokenizer
 from server.errors import APIError, from_grpc
+from server.limits import Limits, check_completion
 from server.protocol import CompletionRequest
 
 
@@ -88,11 +89,13 @@ def tokenize_prompts(body: CompletionRequest, model: ServedModel) -> list[list[i
     return prompts
 
 
-def build_completion(body: CompletionRequest, model: ServedModel, salt: str) -> Completion:
+def build_completion(body: CompletionRequest, model: ServedModel, salt: str,
+                     limits: Limits) -> Completion:
     if model.is_embedding:
         raise APIError(400, f"model `{model.name}` is an embedding model", param="model")
     _reject_unsupported(body)
     prompts = tokenize_prompts(body, model)
+    check_completion(body, limits, len(prompts))
     limit = model.info.max_model_len
     completion = Completion(id=f"cmpl-{uuid.uuid4().hex}", model=model, body=body,
                             prompts=prompts)

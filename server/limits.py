@@ -1,0 +1,74 @@
+"""Request limits, checked before any model work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.errors import APIError
+from server.protocol import CompletionRequest
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_request_body_bytes: int = 4 * 1024 * 1024
+    max_prompts_per_request: int = 64
+    max_n: int = 16
+    max_stop_strings: int = 16
+    max_stop_string_length: int = 256
+    max_embedding_inputs: int = 256
+
+
+def check_completion(body: CompletionRequest, limits: Limits, num_prompts: int) -> None:
+    if num_prompts > limits.max_prompts_per_request:
+        raise APIError(400, f"at most {limits.max_prompts_per_request} prompts per request",
+                       param="prompt")
+    if body.n > limits.max_n:
+        raise APIError(400, f"n must be at most {limits.max_n}", param="n")
+    if num_prompts * body.n > limits.max_prompts_per_request:
+        raise APIError(400, f"prompts x n must be at most {limits.max_prompts_per_request}",
+                       param="n")
+    stops = body.stop_strings
+    if len(stops) > limits.max_stop_strings:
+        raise APIError(400, f"at most {limits.max_stop_strings} stop strings", param="stop")
+    if any(not s or len(s) > limits.max_stop_string_length for s in stops):
+        raise APIError(400, "stop strings must be 1 to "
+                       f"{limits.max_stop_string_length} characters long", param="stop")
+
+
+class BodySizeLimit:
+    """ASGI middleware: 413 for a body over the limit, declared or streamed."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_big = APIError(413, f"the request body is larger than {self.max_bytes} bytes")
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await too_big.response()(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _BodyTooLarge:
+            await too_big.response()(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
