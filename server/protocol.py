@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-TokenId = Annotated[int, Field(ge=0)]
+INT32_MAX = 2**31 - 1
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 
 
@@ -21,10 +22,10 @@ class CompletionRequest(BaseModel):
 
     model: str
     prompt: Prompt
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX)
     temperature: float | None = Field(1.0, ge=0.0, le=2.0)
     top_p: float | None = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, le=INT32_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: int | None = Field(None, ge=0, le=20)
@@ -35,15 +36,15 @@ class CompletionRequest(BaseModel):
     frequency_penalty: float | None = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None
     # widely used extras
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, le=INT32_MAX)
     skip_special_tokens: bool = True
     cache_salt: str | None = None
-    priority: int = 0
+    priority: int = Field(0, ge=-INT32_MAX, le=INT32_MAX)
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p",
                      "repetition_penalty")
@@ -66,7 +67,7 @@ class EmbeddingRequest(BaseModel):
     model: str
     input: Prompt
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: int | None = Field(None, ge=1, le=INT32_MAX)
     user: str | None = None
 
 

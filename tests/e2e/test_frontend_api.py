@@ -1,0 +1,222 @@
+"""The OpenAI surface over a live stack started with API keys: auth, tenants, limits, stops,
+disconnects, and a fuzz run that must never produce a 5xx."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.serving import metric_sum, scrape, start_serve
+
+KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
+MODEL = "tiny-llama"
+LONG_PROMPT = "a ledger of blocks, exact and counted, " * 8
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    served = start_serve(tmp_path_factory.mktemp("api"), "--num-kv-blocks", "128",
+                         "--api-key", KEY_A, "--api-key", KEY_B, "--max-n", "4")
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=f"{served.url}/v1", api_key=KEY_A, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def http(served):
+    with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {KEY_A}"},
+                      timeout=60) as c:
+        yield c
+
+
+def idle(served, timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = scrape(served.scheduler_metrics_url)
+        if (metric_sum(s, "kvledger_kv_blocks_in_use") == 0 and
+                metric_sum(s, "kvledger_tracker_entries") == 0 and
+                metric_sum(s, "kvledger_num_requests_running") == 0 and
+                metric_sum(s, "kvledger_num_requests_waiting") == 0):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+GUARDED = [("GET", "/v1/models", None), ("GET", "/metrics", None),
+           ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1}),
+           ("POST", "/v1/embeddings", {"model": MODEL, "input": "x"}),
+           ("POST", "/tokenize", {"model": MODEL, "prompt": "x"}),
+           ("POST", "/detokenize", {"model": MODEL, "tokens": [101]})]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), GUARDED)
+def test_every_state_route_needs_a_key(served, method, path, body):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY_A}):
+        reply = httpx.request(method, served.url + path, json=body, headers=headers)
+        assert reply.status_code == 401, (path, headers)
+        assert reply.json()["error"]["code"] == "invalid_api_key"
+    reply = httpx.request(method, served.url + path, json=body,
+                          headers={"Authorization": f"Bearer {KEY_B}"}, timeout=60)
+    assert reply.status_code != 401
+
+
+def test_health_and_version_are_public(served):
+    assert httpx.get(served.url + "/health").status_code == 200
+    assert httpx.get(served.url + "/version").status_code == 200
+
+
+def test_openai_client_raises_authentication_error(served):
+    bad = openai.OpenAI(base_url=f"{served.url}/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.completions.create(model=MODEL, prompt="x", max_tokens=1)
+
+
+def test_tenants_do_not_share_cache_but_a_tenant_does(served, client):
+    other = openai.OpenAI(base_url=f"{served.url}/v1", api_key=KEY_B, max_retries=0)
+    prompt = "tenant isolation test prompt " * 6
+    salt = {"cache_salt": "shared-salt"}
+    client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, extra_body=salt)
+    b = other.completions.create(model=MODEL, prompt=prompt, max_tokens=1, extra_body=salt)
+    assert b.usage.prompt_tokens_details.cached_tokens == 0
+    a = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, extra_body=salt)
+    assert a.usage.prompt_tokens_details.cached_tokens > 0
+    unsalted = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+    assert unsalted.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_prompt_forms_and_n(client):
+    tok = client.completions.create(model=MODEL, prompt=[101, 2023, 2003], max_tokens=3,
+                                    temperature=0)
+    assert tok.usage.prompt_tokens == 3
+    multi = client.completions.create(model=MODEL, prompt=["one", "two words"], max_tokens=2,
+                                      temperature=0, n=2)
+    assert [c.index for c in multi.choices] == [0, 1, 2, 3]
+    assert multi.choices[0].text == multi.choices[1].text, "greedy choices agree"
+    lists = client.completions.create(model=MODEL, prompt=[[101, 2000], [101, 2001, 2002]],
+                                      max_tokens=1)
+    assert len(lists.choices) == 2 and lists.usage.prompt_tokens == 5
+
+
+def test_echo_prepends_the_prompt(client):
+    out = client.completions.create(model=MODEL, prompt="hello there", max_tokens=3, echo=True,
+                                    temperature=0)
+    assert out.choices[0].text.startswith("hello there")
+
+
+def test_stop_string_cuts_the_text_streaming_and_not(client):
+    base = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=20,
+                                     temperature=0, extra_body={"ignore_eos": True})
+    text = base.choices[0].text
+    assert len(text) > 6
+    stop = text[3:7]  # likely spans a token boundary
+    cut = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=20,
+                                    temperature=0, stop=[stop], extra_body={"ignore_eos": True})
+    assert cut.choices[0].text == text[:text.find(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=20,
+                                            temperature=0, stop=stop, stream=True,
+                                            extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks) == cut.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"n": 5}, "n"),
+    ({"stop": ["x"] * 17}, "stop"),
+    ({"stop": ["y" * 300]}, "stop"),
+    ({"logprobs": 21}, "logprobs"),
+    ({"temperature": 3}, "temperature"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"presence_penalty": 1.0}, "presence_penalty"),
+    ({"model": 5}, "model"),
+])
+def test_invalid_values_are_400_in_openai_shape(http, served, body, param):
+    payload = {"model": MODEL, "prompt": "x", "max_tokens": 2} | body
+    reply = http.post("/v1/completions", json=payload)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert param in (error["param"] or "") or param in error["message"]
+    assert idle(served)
+
+
+def test_unknown_fields_are_ignored(http):
+    reply = http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1,
+                                               "best_of": 1, "some_future_field": {"a": 1}})
+    assert reply.status_code == 200
+
+
+def test_body_too_large_is_413(http):
+    reply = http.post("/v1/completions", content=b"{" + b" " * (5 * 1024 * 1024) + b"}",
+                      headers={"Content-Type": "application/json"})
+    assert reply.status_code == 413
+
+
+def test_tokenize_roundtrip(http):
+    ids = http.post("/tokenize", json={"model": MODEL, "prompt": "hello world"}).json()
+    assert ids["count"] == len(ids["tokens"]) >= 2
+    text = http.post("/detokenize", json={"model": MODEL, "tokens": ids["tokens"]}).json()
+    assert "hello world" in text["prompt"]
+    assert http.post("/detokenize", json={"model": MODEL, "tokens": [10**7]}).status_code == 400
+
+
+def _raw_request(served, body: dict) -> socket.socket:
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", served.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nAuthorization: Bearer " + KEY_A.encode() +
+                 f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    return sock
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_disconnect_releases_blocks_and_tracker(served, stream):
+    body = {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 1500, "ignore_eos": True,
+            "stream": stream}
+    sock = _raw_request(served, body)
+    deadline = time.monotonic() + 10
+    while metric_sum(scrape(served.scheduler_metrics_url), "kvledger_kv_blocks_in_use") == 0:
+        assert time.monotonic() < deadline, "request never started"
+        time.sleep(0.02)
+    sock.close()
+    assert idle(served, timeout=1.5), "blocks or tracker entries outlived the client"
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True) |
+    st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) |
+    st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=10)
+FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "logprobs",
+          "echo", "stop", "seed", "top_k", "min_p", "stop_token_ids", "ignore_eos", "min_tokens",
+          "cache_salt", "priority", "stream_options", "skip_special_tokens"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.fixed_dictionaries(
+    {"model": st.just(MODEL), "max_tokens": st.integers(-2, 4)},
+    optional={name: JSON_VALUES for name in FIELDS} | {"prompt": st.text(max_size=30)}))
+def test_fuzz_completions_never_5xx(http, body):
+    reply = http.post("/v1/completions", content=json.dumps(body))
+    assert reply.status_code < 500, (body, reply.text)
+
+
+def test_server_still_serves_after_fuzz(client, served):
+    out = client.completions.create(model=MODEL, prompt="still alive", max_tokens=2)
+    assert out.choices
+    assert idle(served)

@@ -1,0 +1,52 @@
+"""Fixtures for the worker tests: small random checkpoints saved by transformers itself.
+
+Nothing here downloads: the tests run with HF_HUB_OFFLINE=1 and every model is either written
+by transformers from a config in this file or generated (tiny-llama) into a temporary cache.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from collections.abc import Callable, Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from worker_helpers import save_hf_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            made[name] = save_hf_checkpoint(tmp_path_factory.mktemp(name), name)
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def kv_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A private KVLEDGER_CACHE_DIR so tests never touch (or depend on) the user's cache."""
+    path = tmp_path_factory.mktemp("kvledger-cache")
+    previous = os.environ.get("KVLEDGER_CACHE_DIR")
+    os.environ["KVLEDGER_CACHE_DIR"] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop("KVLEDGER_CACHE_DIR", None)
+    else:
+        os.environ["KVLEDGER_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(kv_cache_dir: Path) -> Path:
+    from kvledger.models import resolve_model
+
+    return resolve_model("tiny-llama")
+
+

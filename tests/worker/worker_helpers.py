@@ -1,0 +1,76 @@
+"""Helpers shared by the worker tests (imported by name; conftest holds only fixtures)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from worker.batch import SeqChunk
+from worker.model_runner import ModelRunner
+
+SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+# name -> (transformers model family, config overrides on top of SMALL)
+CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("llama", {}),
+    "llama_tied_bias": ("llama", dict(tie_word_embeddings=True, attention_bias=True,
+                                      mlp_bias=True, head_dim=32)),
+    "llama3_rope": ("llama", dict(rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}, rope_theta=500000.0)),
+    "llama_yarn": ("llama", dict(rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})),
+    "llama_linear": ("llama", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "mistral_window": ("mistral", dict(sliding_window=12)),
+    "qwen2": ("qwen2", dict(tie_word_embeddings=True)),
+}
+
+
+def _hf_classes(kind: str) -> tuple[Any, Any]:
+    import transformers
+
+    names = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
+             "mistral": ("MistralConfig", "MistralForCausalLM"),
+             "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}[kind]
+    return getattr(transformers, names[0]), getattr(transformers, names[1])
+
+
+def save_hf_checkpoint(out: Path, name: str, seed: int = 0) -> Path:
+    """A random-weight checkpoint that transformers itself writes (save_pretrained)."""
+    kind, overrides = CONFIGS[name]
+    config_cls, model_cls = _hf_classes(kind)
+    config = config_cls(**{**SMALL, **overrides})
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        # HF initializes biases at 0 and norms at 1; random ones make the test see them.
+        for pname, param in model.named_parameters():
+            if pname.endswith("bias"):
+                param.normal_(0.0, 0.05)
+            elif "norm" in pname:
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+    model.save_pretrained(out)
+    return out
+
+
+def make_runner(path: Path, num_blocks: int = 64, block_size: int = 16,
+                **kw: Any) -> ModelRunner:
+    return ModelRunner(path, block_size=block_size, num_blocks=num_blocks, progress=False, **kw)
+
+
+def blocks_for(num_tokens: int, block_size: int, first: int = 0) -> list[int]:
+    return list(range(first, first + -(-num_tokens // block_size)))
+
+
+def full_logits(runner: ModelRunner, tokens: list[int], first_block: int = 0) -> torch.Tensor:
+    """All-position logits of one prefill from position 0 on fresh blocks."""
+    table = blocks_for(len(tokens), runner.block_size, first_block)
+    return runner.logits_for([SeqChunk("full", tokens, 0, table, True)], all_tokens=True)
+
+
+def random_tokens(n: int, vocab: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=gen).tolist()
