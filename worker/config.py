@@ -123,7 +123,7 @@ def parse_rope(c: dict[str, Any]) -> RopeConfig:
         params.setdefault("original_max_position_embeddings",
                           c.get("original_max_position_embeddings")
                           or c.get("max_position_embeddings", 2048))
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
+    if params.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) != 1.0:
         raise UnsupportedModelError("partial rotary embeddings are not supported")
     return RopeConfig(theta=theta, type=rope_type, params=params)
 

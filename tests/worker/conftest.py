@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-from worker_helpers import save_hf_checkpoint  # noqa: E402
+
+from tests.worker.helpers import save_hf_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")

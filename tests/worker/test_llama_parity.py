@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from worker_helpers import CONFIGS, full_logits, make_runner, random_tokens
 
+from tests.worker.helpers import CONFIGS, full_logits, make_runner, random_tokens
 from worker.batch import SeqChunk
 from worker.model_runner import ModelRunner
 
@@ -43,9 +43,11 @@ def greedy(runner: ModelRunner, prompt: list[int], steps: int) -> list[int]:
 
 
 def hf_greedy(model: torch.nn.Module, prompt: list[int], steps: int) -> list[int]:
+    ids = torch.tensor([prompt])
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False,
-                             min_new_tokens=0, eos_token_id=None, pad_token_id=0)
+        # an explicit mask: generate would otherwise mask prompt tokens equal to pad_token_id
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
 
 

@@ -80,13 +80,14 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def _attend_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     seq: PrefillSeq, scale: float) -> torch.Tensor:
-    keys = k_cache[seq.blocks].flatten(0, 1)[:seq.context_len].transpose(0, 1)
-    values = v_cache[seq.blocks].flatten(0, 1)[:seq.context_len].transpose(0, 1)
-    queries = q[seq.q_start:seq.q_end].transpose(0, 1)  # [H, q_len, D]
+    # 4-d inputs: with 3-d ones torch's CPU SDPA falls back to its ~10x slower math kernel
+    keys = k_cache[seq.blocks].flatten(0, 1)[:seq.context_len].transpose(0, 1).unsqueeze(0)
+    values = v_cache[seq.blocks].flatten(0, 1)[:seq.context_len].transpose(0, 1).unsqueeze(0)
+    queries = q[seq.q_start:seq.q_end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seq.mask,
                                          is_causal=seq.mask is None, scale=scale,
                                          enable_gqa=True)
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 def _attend_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

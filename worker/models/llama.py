@@ -23,8 +23,9 @@ from worker.layers.rotary import RotaryEmbedding, apply_rotary
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (cfg.num_heads, cfg.num_kv_heads,
-                                                            cfg.head_dim)
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
         self.scale = cfg.head_dim ** -0.5
         self.qkv_proj = PackedLinear(cfg.hidden_size, {
             "q": cfg.num_heads * cfg.head_dim,

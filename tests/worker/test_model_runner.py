@@ -1,0 +1,85 @@
+"""ModelRunner's contract with the executor: sizes, outputs per chunk, refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.worker.helpers import make_runner, random_tokens
+from worker.batch import SeqChunk
+from worker.model_runner import ModelRunner
+
+
+@pytest.fixture(scope="module")
+def llama(hf_checkpoint) -> Path:
+    return hf_checkpoint("llama")
+
+
+def test_sizes_reported(llama: Path) -> None:
+    runner = ModelRunner(llama, block_size=16, kv_cache_memory_bytes=1 << 20, progress=False)
+    per_block = 2 * 2 * 16 * 2 * 16 * 4  # K+V, layers, block, kv heads, head_dim, fp32
+    assert runner.num_blocks == (1 << 20) // per_block
+    assert (runner.block_size, runner.max_model_len, runner.vocab_size) == (16, 256, 256)
+    assert runner.eos_token_ids == [2]
+    fixed = ModelRunner(llama, block_size=8, num_blocks=5, kv_cache_memory_bytes=1 << 20,
+                        max_model_len=100, progress=False)
+    assert (fixed.num_blocks, fixed.max_model_len) == (5, 100)
+
+
+def test_one_token_per_sampling_chunk(llama: Path) -> None:
+    runner = make_runner(llama)
+    out = runner.execute([SeqChunk("a", [1, 2, 3], 0, [0], False),
+                          SeqChunk("b", [4, 5], 0, [1], True),
+                          SeqChunk("c", [6], 0, [2], True, temperature=0.8, seed=1)])
+    assert out[0] is None and isinstance(out[1], int) and isinstance(out[2], int)
+    assert runner.execute([]) == []
+
+
+def test_seeded_sampling_survives_recompute(llama: Path) -> None:
+    """The same request recomputed in another runner, batch and blocks draws the same token."""
+    prompt = random_tokens(21, 256, seed=5)
+    first = make_runner(llama, seed=1)
+    first.execute([SeqChunk("x", prompt[:10], 0, [3], False)])
+    a = first.execute([SeqChunk("r", prompt[10:], 10, [3, 4], True, temperature=1.0, seed=9)])
+    second = make_runner(llama, seed=2)
+    b = second.execute([SeqChunk("o", [7, 7], 0, [0], True, temperature=1.0),
+                        SeqChunk("r", prompt, 0, [5, 6], True, temperature=1.0, seed=9)])
+    assert a[0] == b[1]
+
+
+@pytest.mark.parametrize(("chunk", "message"), [
+    (SeqChunk("r", [], 0, [0], True), "at least one token"),
+    (SeqChunk("r", [256], 0, [0], True), "outside the vocabulary"),
+    (SeqChunk("r", [-1], 0, [0], True), "outside the vocabulary"),
+    (SeqChunk("r", [1] * 17, 0, [0], True), "cannot hold 17 tokens"),
+    (SeqChunk("r", [1], 0, [99], True), "block id outside"),
+    (SeqChunk("r", [1], 300, list(range(20)), True), "max_model_len"),
+    (SeqChunk("r", [1], 0, [0], True, top_p=0.0), "top_p"),
+    (SeqChunk("r", [1], 0, [0], True, temperature=-1.0), "temperature"),
+])
+def test_bad_chunks_are_refused_naming_the_request(llama: Path, chunk: SeqChunk,
+                                                   message: str) -> None:
+    runner = make_runner(llama, num_blocks=32)
+    with pytest.raises(ValueError, match=message) as err:
+        runner.execute([SeqChunk("ok", [1], 0, [1], True), chunk])
+    assert "request r" in str(err.value)
+
+
+def test_refusals_before_memory(llama: Path) -> None:
+    with pytest.raises(ValueError, match="dtype"):
+        make_runner(llama, dtype="int8")
+    with pytest.raises(ValueError, match="max_model_len"):
+        make_runner(llama, max_model_len=100_000)
+    with pytest.raises(ValueError, match="num_blocks or kv_cache_memory_bytes"):
+        ModelRunner(llama, block_size=16, progress=False)
+
+
+def test_bfloat16_runs_close_to_float32(llama: Path) -> None:
+    tokens = random_tokens(30, 256, seed=6)
+    chunk = SeqChunk("r", tokens, 0, [0, 1], True)
+    full = make_runner(llama).logits_for([chunk])
+    half = make_runner(llama, dtype="bfloat16")
+    assert half.kv_cache.k[0].dtype == torch.bfloat16
+    assert torch.nn.functional.cosine_similarity(half.logits_for([chunk]), full).item() > 0.99
