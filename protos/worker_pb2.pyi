@@ -106,12 +106,14 @@ class Plan(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., continuing: _Optional[_Iterable[_Union[ContinueRequest, _Mapping]]] = ..., dropped_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SampledToken(_message.Message):
-    __slots__ = ("request_id", "token_id")
+    __slots__ = ("request_id", "token_id", "logprob")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_id: int
-    def __init__(self, request_id: _Optional[str] = ..., token_id: _Optional[int] = ...) -> None: ...
+    logprob: _frontend_pb2.TokenLogprob
+    def __init__(self, request_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprob: _Optional[_Union[_frontend_pb2.TokenLogprob, _Mapping]] = ...) -> None: ...
 
 class RequestError(_message.Message):
     __slots__ = ("request_id", "message")
