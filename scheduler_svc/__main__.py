@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 import grpc
+import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
@@ -61,6 +62,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    prometheus_client.disable_created_metrics()  # *_created series only add noise here
     args = parse(SCHEDULER, argv, "kvledger scheduler service: owns every block table")
     setup_logging("scheduler", args.log_level)
     asyncio.run(serve(args))

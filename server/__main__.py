@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import prometheus_client
 import uvicorn
 
 from kvledger.flags import FRONTEND, parse
@@ -31,6 +32,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    prometheus_client.disable_created_metrics()  # *_created series only add noise here
     args = parse(FRONTEND, argv, "kvledger frontend: OpenAI-compatible HTTP API")
     setup_logging("frontend", args.log_level)
     app = build_app(settings_from_args(args))

@@ -18,6 +18,7 @@ import numpy as np
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import kvledger
 from protos import frontend_pb2
@@ -79,12 +80,7 @@ def build_app(settings: Settings) -> FastAPI:
     def client() -> SchedulerClient:
         return client_box["c"]
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):  # noqa: ANN001, ANN202
-        response = await call_next(request)
-        route = request.scope.get("route")
-        http_requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
-        return response
+    app.add_middleware(RequestCounter, counter=http_requests)
 
     def tenant(request: Request) -> str:
         """The API key's tenant ('' when the server is open); 401 for a missing or wrong key."""
@@ -200,6 +196,31 @@ def build_app(settings: Settings) -> FastAPI:
                           "total_tokens": reply.num_prompt_tokens}}
 
     return app
+
+
+class RequestCounter:
+    """Pure ASGI (not BaseHTTPMiddleware, which hides client disconnects from endpoints)."""
+
+    def __init__(self, app: ASGIApp, counter: Counter) -> None:
+        self.app = app
+        self.counter = counter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = {"code": 500}
+
+        async def send_and_note(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = scope.get("route")
+            self.counter.labels(getattr(route, "path", "unmatched"), str(status["code"])).inc()
 
 
 def _encode_embedding(values: list[float], encoding_format: str) -> list[float] | str:

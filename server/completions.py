@@ -79,6 +79,8 @@ def tokenize_prompts(body: CompletionRequest, model: ServedModel) -> list[list[i
     else:
         texts = None
     if texts is not None:
+        if any(not t for t in texts):
+            raise APIError(400, "prompt must not be empty", param="prompt")
         prompts = [e.ids for e in model.tokenizer.encode_batch(texts)]
     elif prompt and all(isinstance(p, int) for p in prompt):
         prompts = [list(prompt)]  # type: ignore[arg-type]

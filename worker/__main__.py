@@ -9,6 +9,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
+import prometheus_client
 from prometheus_client import start_http_server
 
 from kvledger.flags import WORKER, parse
@@ -24,6 +25,7 @@ log = logging.getLogger("worker")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    prometheus_client.disable_created_metrics()  # *_created series only add noise here
     args = parse(WORKER, argv, "kvledger worker: model, paged KV memory, attention")
     setup_logging("worker", args.log_level)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -202,15 +202,16 @@ JSON_VALUES = st.recursive(
     lambda children: st.lists(children, max_size=4) |
     st.dictionaries(st.text(max_size=10), children, max_size=4),
     max_leaves=10)
-FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "logprobs",
+FIELDS = ["temperature", "top_p", "n", "stream", "logprobs",
           "echo", "stop", "seed", "top_k", "min_p", "stop_token_ids", "ignore_eos", "min_tokens",
           "cache_salt", "priority", "stream_options", "skip_special_tokens"]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.fixed_dictionaries(
-    {"model": st.just(MODEL), "max_tokens": st.integers(-2, 4)},
-    optional={name: JSON_VALUES for name in FIELDS} | {"prompt": st.text(max_size=30)}))
+    {"model": st.just(MODEL), "max_tokens": st.integers(-2, 4),
+     "prompt": st.text(max_size=30) | JSON_VALUES},
+    optional={name: JSON_VALUES for name in FIELDS}))
 def test_fuzz_completions_never_5xx(http, body):
     reply = http.post("/v1/completions", content=json.dumps(body))
     assert reply.status_code < 500, (body, reply.text)
