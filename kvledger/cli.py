@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvledger.flags import (
     DEFAULT_METRICS_PORT,
@@ -33,13 +33,26 @@ log = logging.getLogger("kvledger.serve")
 
 STARTUP_TIMEOUT_SECONDS = 600
 STOP_GRACE_SECONDS = 10
+MAX_RESTARTS_PER_MINUTE = 5
 _PR_SET_PDEATHSIG = 1
 
 
 @dataclass
 class Child:
     name: str
+    module: str
+    argv: list[str]
     process: subprocess.Popen
+    restarts: list[float] = field(default_factory=list)
+
+    def restart(self) -> bool:
+        """Starts the service again; False when it keeps dying (more than MAX_RESTARTS a minute)."""
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < 60] + [now]
+        if len(self.restarts) > MAX_RESTARTS_PER_MINUTE:
+            return False
+        self.process = _popen(self.module, self.argv)
+        return True
 
 
 def _die_with_parent() -> None:
@@ -59,10 +72,27 @@ def _serve_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _spawn(name: str, module: str, argv: list[str]) -> Child:
+def _popen(module: str, argv: list[str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", module, *argv]
-    log.debug("starting %s: %s", name, " ".join(cmd))
-    return Child(name, subprocess.Popen(cmd, preexec_fn=_die_with_parent))
+    log.debug("starting %s", " ".join(cmd))
+    return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+
+
+def _spawn(name: str, module: str, argv: list[str]) -> Child:
+    return Child(name, module, argv, _popen(module, argv))
+
+
+def _supervise(children: list[Child]) -> bool:
+    """Restarts a service that died after startup; False when one keeps dying."""
+    for child in children:
+        code = child.process.poll()
+        if code is None:
+            continue
+        log.warning("%s exited with code %s; restarting it", child.name, code)
+        if not child.restart():
+            log.error("%s keeps exiting; stopping everything", child.name)
+            return False
+    return True
 
 
 def _wait_healthy(url: str, children: list[Child]) -> bool:
@@ -139,10 +169,7 @@ def serve(argv: Sequence[str]) -> int:
         print(f"kvledger is serving {served_name} at {url}  (OpenAI API under {url}/v1)",
               flush=True)
         while stopping["signal"] is None:
-            dead = [c for c in children if c.process.poll() is not None]
-            if dead:
-                log.error("%s exited with code %s; stopping", dead[0].name,
-                          dead[0].process.returncode)
+            if not _supervise(children):
                 return 1
             time.sleep(0.2)
         return 0

@@ -55,6 +55,7 @@ class Engine:
         self.links: dict[str, WorkerLink] = {}
         self.requests: dict[str, LiveRequest] = {}
         self.where: dict[str, WorkerLink] = {}
+        self.known_models: set[str] = set()  # every model a worker ever registered
         self.metrics = RequestMetrics(self.registry)
         self.registry.register(LedgerCollector(lambda: list(self.links.values())))
 
@@ -80,6 +81,7 @@ class Engine:
         )
         link = WorkerLink(registration, cfg, self._on_update)
         self.links[link.worker_id] = link
+        self.known_models.add(link.model)
         log.info("worker %s registered: model %s, %d blocks of %d tokens", link.worker_id,
                  link.model, registration.num_blocks, registration.block_size)
         return link
@@ -171,8 +173,7 @@ class Engine:
                                  f"request id {request_id!r} is already in use")
         links = self.links_for(model)
         if not links:
-            known = {info.name for info in self.models()}
-            if model in known:
+            if model in self.known_models:
                 raise PlacementError(grpc.StatusCode.UNAVAILABLE,
                                      f"no worker for model {model!r} is up")
             raise PlacementError(grpc.StatusCode.NOT_FOUND, f"model {model!r} does not exist")

@@ -69,7 +69,7 @@ def build_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        client_box["c"] = SchedulerClient(settings.scheduler)
+        client_box["c"] = SchedulerClient(settings.scheduler, tuple(settings.require_models))
         yield
         await client_box["c"].close()
 

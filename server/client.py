@@ -32,7 +32,8 @@ class ServedModel:
 
 
 class SchedulerClient:
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, required_models: tuple[str, ...] = ()) -> None:
+        self.required_models = required_models
         self.channel = grpc.aio.insecure_channel(target, options=[
             ("grpc.max_receive_message_length", 64 * 1024 * 1024),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -67,6 +68,8 @@ class SchedulerClient:
         models = await self.models()
         if name not in models:
             models = await self.models(refresh=True)
+        if name not in models and name in self.required_models:
+            raise APIError(503, f"no worker for model `{name}` is up", param="model")
         if name not in models:
             raise APIError(404, f"The model `{name}` does not exist.", param="model",
                            code="model_not_found")

@@ -88,7 +88,11 @@ class BlockPool:
         return hits
 
     def register(
-        self, block: KVBlock, block_hash: BlockHash, token_ids: tuple[int, ...], parent: KVBlock | None
+        self,
+        block: KVBlock,
+        block_hash: BlockHash,
+        token_ids: tuple[int, ...],
+        parent: KVBlock | None,
     ) -> bool:
         """Cache a full block. The first holder of a hash keeps it; duplicates stay private."""
         if block_hash in self.cached:

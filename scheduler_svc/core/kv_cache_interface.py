@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Container, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduler_svc.core.block_hash import BlockHash
 from scheduler_svc.core.kv_block import KVBlock
 from scheduler_svc.core.output import BlockHashPair
+from scheduler_svc.core.request import Request
 
 
 @dataclass(slots=True)
@@ -96,8 +97,12 @@ class KVManager(ABC):
     @abstractmethod
     def has_table(self, request_id: str) -> bool: ...
 
+    @property
     @abstractmethod
-    def free_orphan_tables(self, running_ids: Container[str], num_running: int) -> int: ...
+    def num_tables(self) -> int: ...
+
+    @abstractmethod
+    def free_orphan_tables(self, running_ids: Container[str]) -> int: ...
 
     @abstractmethod
     def remove_blocks(self, block_ids: Sequence[int], source: str) -> int: ...
@@ -109,5 +114,7 @@ class KVManager(ABC):
     def reset_prefix_cache(self) -> bool: ...
 
     @abstractmethod
-    def check_invariants(self, tokens_by_running_id: dict[str, int], idle: bool) -> None:
+    def check_invariants(
+        self, running: Sequence[Request], chains: Mapping[str, Sequence[BlockHash]]
+    ) -> None:
         """Raise InvariantViolation unless tables, ref counts, queue and map agree."""

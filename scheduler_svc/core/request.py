@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum, auto
+from enum import Enum, StrEnum, auto
 
 
 class RequestStatus(Enum):
@@ -13,7 +13,7 @@ class RequestStatus(Enum):
     FINISHED = auto()
 
 
-class FinishReason(str, Enum):
+class FinishReason(StrEnum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"

@@ -50,11 +50,25 @@ class SchedulerStats:
 
 
 @dataclass(frozen=True)
-class SchedulerGauges:
+class SchedulerSnapshot:
+    """Counters (copied) and live gauges at one moment: what the metrics exporter reads."""
+
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    stale_entries: dict[str, int]
+    entries_released: dict[str, int]
+    orphans: int
+    table_orphans: int
+    evictions: int
+    hashes_removed: dict[str, int]
+    preemptions: int
+    requests_finished: dict[str, int]
+    prompt_tokens: int
+    generation_tokens: int
     tracker_entries: int
     blocks_total: int
     blocks_in_use: int
     blocks_cached: int
-    kv_cache_usage: float
+    usage: float
     num_running: int
     num_waiting: int

@@ -1,0 +1,459 @@
+"""The scheduler: one ledger per worker. Pure and synchronous; the engine drives it.
+
+One step is schedule() -> the worker runs the plan -> update_from_output(). Requests are
+scheduled with vLLM v1's unified rule: each gets the tokens it has not computed yet, as many as
+the budget allows; num_computed_tokens advances at schedule time.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections.abc import Iterable
+from itertools import chain as iter_chain
+
+from scheduler_svc.core.block_hash import BlockHasher, sha256_block_hash
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.invariants import check_scheduler
+from scheduler_svc.core.kv_cache_interface import CacheLookup, KVManager
+from scheduler_svc.core.kv_cache_manager import KVCacheManager, cdiv
+from scheduler_svc.core.no_kv_cache_manager import NoKVCacheManager
+from scheduler_svc.core.output import (
+    BlockHashPair,
+    ModelResult,
+    RequestUpdate,
+    ScheduledCont,
+    ScheduledNew,
+    SchedulerOutput,
+)
+from scheduler_svc.core.request import FinishReason, Request, RequestStatus
+from scheduler_svc.core.stats import SchedulerSnapshot, SchedulerStats, bump
+from scheduler_svc.core.tracker import ComputedBlocksTracker
+from scheduler_svc.core.waiting_queue import make_waiting_queue, running_order_key
+
+RUNNING = RequestStatus.RUNNING
+
+
+class Scheduler:
+    def __init__(
+        self, config: SchedulerConfig, block_hasher: BlockHasher = sha256_block_hash
+    ) -> None:
+        self.config = config
+        self.stats = SchedulerStats()
+        self.kv: KVManager = (
+            KVCacheManager(config, self.stats) if config.kv_cache else NoKVCacheManager()
+        )
+        self.tracker = ComputedBlocksTracker(config, self.kv, self.stats, block_hasher)
+        self.waiting = make_waiting_queue(config.policy)
+        self.running: list[Request] = []  # kept in policy order: served first at the front
+        self.requests: dict[str, Request] = {}  # every live (waiting or running) request
+        self._running_key = running_order_key(config.policy)
+        self._step_id = 0
+        self._next_arrival = 0
+        self._dropped: list[str] = []  # the worker must forget these with the next plan
+        self._finished_pending: list[RequestUpdate] = []
+        self._running_dirty = False  # some running request left during this update
+        capacity = self.kv.token_capacity
+        self.max_len = (
+            config.max_model_len if capacity is None else min(config.max_model_len, capacity)
+        )
+
+    # -- queries --------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished(self) -> bool:
+        """True while schedule() has anything to do or to report."""
+        return bool(self.requests or self._finished_pending or self._dropped)
+
+    def cached_prefix_tokens(self, token_ids: list[int], cache_salt: str | None) -> int:
+        return self.tracker.cached_prefix_tokens(token_ids, cache_salt)
+
+    def snapshot(self) -> SchedulerSnapshot:
+        kv, stats = self.kv, self.stats
+        return SchedulerSnapshot(
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
+            stale_entries=dict(stats.stale_entries),
+            entries_released=dict(stats.entries_released),
+            orphans=stats.orphans,
+            table_orphans=stats.table_orphans,
+            evictions=stats.evictions,
+            hashes_removed=dict(stats.hashes_removed),
+            preemptions=stats.preemptions,
+            requests_finished=dict(stats.requests_finished),
+            prompt_tokens=stats.prompt_tokens,
+            generation_tokens=stats.generation_tokens,
+            tracker_entries=len(self.tracker),
+            blocks_total=kv.num_blocks_total,
+            blocks_in_use=kv.num_blocks_total - kv.num_free_blocks,
+            blocks_cached=kv.num_cached_blocks,
+            usage=kv.usage,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+        )
+
+    def check_invariants(self) -> None:
+        check_scheduler(self)
+
+    # -- arrivals and departures ----------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        rid = request.request_id
+        if rid in self.requests:
+            raise ValueError(f"request {rid!r} is already live in this scheduler")
+        request.arrival_index = self._next_arrival
+        self._next_arrival += 1
+        request.reset_for_recompute(RequestStatus.WAITING)
+        request.finish_reason, request.finish_message = None, ""
+        why_ignored = self._why_ignored(request)
+        if why_ignored is not None:
+            self._finish_at_arrival(request, FinishReason.IGNORED, why_ignored)
+        elif request.output_token_ids and self._at_length(request):
+            self._finish_at_arrival(request, FinishReason.LENGTH, "")  # resumed from elsewhere
+        else:
+            self.requests[rid] = request
+            self.tracker.add(request)
+            self.waiting.push(request)
+        if self.config.debug_invariants:
+            self.check_invariants()
+
+    def abort_request(self, request_id: str) -> bool:
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        self._finish(request, FinishReason.ABORT, "", "aborted")
+        if self.config.debug_invariants:
+            self.check_invariants()
+        return True
+
+    def drain(self, source: str = "worker_lost") -> list[Request]:
+        """The worker is gone: hand every live request back, reset to recompute elsewhere."""
+        live = sorted(self.requests.values(), key=lambda r: r.arrival_index)
+        for request in live:
+            self.kv.free(request.request_id)
+            self.tracker.remove(request.request_id, source)
+            request.reset_for_recompute(RequestStatus.WAITING)
+        self.kv.clear_cache(source)
+        self.requests.clear()
+        self.running = []
+        self.waiting = make_waiting_queue(self.config.policy)
+        self._dropped = []
+        if self.config.debug_invariants:
+            self.check_invariants()
+        return live
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv.reset_prefix_cache()
+
+    # -- one step: plan -------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        self._step_id += 1
+        full_budget = self.config.max_num_batched_tokens
+        cont: list[ScheduledCont] = []
+        new: list[ScheduledNew] = []
+        budget, preempted = self._schedule_running(cont, full_budget)
+        budget = self._schedule_waiting(new, budget, preempted)
+        output = SchedulerOutput(
+            step_id=self._step_id,
+            new=new,
+            cont=cont,
+            dropped_request_ids=self._dropped,
+            finished=self._finished_pending,
+            num_batched_tokens=full_budget - budget,
+        )
+        self._dropped, self._finished_pending = [], []
+        if self.config.debug_invariants:
+            self.check_invariants()
+        return output
+
+    def _schedule_running(self, cont: list[ScheduledCont], budget: int) -> tuple[int, bool]:
+        running, kv = self.running, self.kv
+        chunked = self.config.enable_chunked_prefill
+        caching = self.config.caches_prefixes
+        block_size = self.config.block_size
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            computed = request.num_computed_tokens
+            num_new = request.num_tokens - computed
+            if num_new <= 0:  # still waiting for the token of the previous step
+                i += 1
+                continue
+            if num_new > budget:
+                if not chunked:
+                    i += 1
+                    continue
+                num_new = budget
+            total = computed + num_new
+            rid = request.request_id
+            new_block_ids = kv.allocate_slots(rid, total)
+            while new_block_ids is None:
+                victim = running.pop()  # the back of the policy order
+                self._requeue(victim, "preempted")
+                self.stats.preemptions += 1
+                preempted = True
+                if victim is request:
+                    break
+                new_block_ids = kv.allocate_slots(rid, total)
+            if new_block_ids is None:
+                break  # it preempted itself; it was the last one left to serve
+            written = (
+                self._commit(request, total)
+                if caching and total // block_size > computed // block_size
+                else []
+            )
+            cont.append(ScheduledCont(rid, new_block_ids, computed, num_new, written))
+            request.num_computed_tokens = total
+            budget -= num_new
+            i += 1
+        return budget, preempted
+
+    def _schedule_waiting(self, new: list[ScheduledNew], budget: int, preempted: bool) -> int:
+        config, waiting, tracker = self.config, self.waiting, self.tracker
+        while waiting:
+            request = waiting.peek()
+            rid = request.request_id
+            if preempted:
+                tracker.release_lookup(rid, "preempted_step")
+                break
+            if len(self.running) >= config.max_num_seqs:
+                tracker.release_lookup(rid, "max_num_seqs")
+                break
+            if budget <= 0:
+                tracker.release_lookup(rid, "token_budget")
+                break
+            lookup = tracker.lookup(request)
+            num_new = request.num_tokens - lookup.num_tokens
+            if num_new > budget:
+                if not config.enable_chunked_prefill:
+                    tracker.release_lookup(rid, "token_budget")
+                    break
+                num_new = budget
+            total = lookup.num_tokens + num_new
+            if self.kv.allocate_for_admission(rid, lookup.blocks, total) is None:
+                tracker.release_lookup(rid, "no_blocks")
+                break
+            waiting.pop()
+            new.append(self._admit(request, lookup, num_new))
+            budget -= num_new
+        return budget
+
+    def _admit(self, request: Request, lookup: CacheLookup, num_new: int) -> ScheduledNew:
+        rid = request.request_id
+        computed = lookup.num_tokens
+        total = computed + num_new
+        block_size = self.config.block_size
+        caching = self.config.caches_prefixes
+        written = (
+            self._commit(request, total)
+            if caching and total // block_size > computed // block_size
+            else []
+        )
+        scheduled = ScheduledNew(
+            request_id=rid,
+            token_ids=list(request.all_token_ids),
+            block_ids=self.kv.block_ids(rid),
+            num_computed_tokens=computed,
+            num_scheduled_tokens=num_new,
+            num_prompt_tokens=request.num_prompt_tokens,
+            claimed=self.kv.claimed_pairs(rid, len(lookup.blocks)),
+            written=written,
+        )
+        request.status = RUNNING
+        request.num_computed_tokens = total
+        if not request.was_admitted:
+            request.was_admitted = True
+            request.num_cached_tokens = computed
+            self.stats.prompt_tokens += request.num_prompt_tokens
+        if caching and not request.skip_prefix_cache:
+            self.stats.prefix_cache_queries += request.num_tokens
+            self.stats.prefix_cache_hits += computed
+        insort(self.running, request, key=self._running_key)
+        return scheduled
+
+    def _commit(self, request: Request, num_tokens: int) -> list[BlockHashPair]:
+        num_full = num_tokens // self.config.block_size
+        chain = self.tracker.chain(request, num_full)
+        return self.kv.commit_full_blocks(
+            request.request_id, request.all_token_ids, chain, num_full
+        )
+
+    # -- one step: results ----------------------------------------------------------------
+
+    def update_from_output(
+        self, output: SchedulerOutput, result: ModelResult
+    ) -> list[RequestUpdate]:
+        updates: list[RequestUpdate] = []
+        if result.all_cleared:
+            self.kv.clear_cache("worker_report")
+        if result.removed_block_ids:
+            self.kv.remove_blocks(result.removed_block_ids, "worker_report")
+        failed = set(result.errored) | set(result.stale_request_ids)
+        if failed:
+            self._forget_unwritten(output, failed)
+        for rid, message in result.errored.items():
+            request = self.requests.get(rid)
+            if request is not None:
+                self._finish(request, FinishReason.ERROR, message, "error", batched=True)
+                updates.append(self._update(request, []))
+        for rid in result.stale_request_ids:
+            request = self.requests.get(rid)
+            if request is not None and request.status is RUNNING:
+                self._requeue(request, "preempted")
+                self._running_dirty = True
+                bump(self.stats.stale_entries, "worker_report")
+        scheduled: Iterable[ScheduledNew | ScheduledCont] = iter_chain(output.new, output.cont)
+        self._apply_samples(scheduled, result, updates)
+        if self._running_dirty:
+            self.running = [r for r in self.running if r.status is RUNNING]
+            self._running_dirty = False
+        self._audit()
+        if self.config.debug_invariants:
+            self.check_invariants()
+        return updates
+
+    def _apply_samples(
+        self,
+        scheduled: Iterable[ScheduledNew | ScheduledCont],
+        result: ModelResult,
+        updates: list[RequestUpdate],
+    ) -> None:
+        requests, sampled = self.requests, result.sampled
+        embedded = set(result.embedded)
+        stats = self.stats
+        for item in scheduled:
+            request = requests.get(item.request_id)
+            if (
+                request is None
+                or request.status is not RUNNING
+                or request.num_computed_tokens < request.num_tokens
+            ):
+                continue  # gone, requeued, or a prompt chunk that samples nothing
+            if request.is_embedding:
+                if request.request_id in embedded:
+                    self._finish(request, FinishReason.STOP, "", "finished", batched=True)
+                else:
+                    message = "the worker returned no embedding for a scheduled request"
+                    self._finish(request, FinishReason.ERROR, message, "error", batched=True)
+                updates.append(self._update(request, []))
+                continue
+            token = sampled.get(request.request_id)
+            if token is None:
+                message = "the worker returned no token for a scheduled request"
+                self._finish(request, FinishReason.ERROR, message, "error", batched=True)
+                updates.append(self._update(request, []))
+                continue
+            request.append_output_token(token)
+            stats.generation_tokens += 1
+            reason = self._stop_reason(request, token)
+            if reason is not None:
+                self._finish(request, reason, "", "finished", batched=True)
+            updates.append(self._update(request, [token]))
+
+    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
+        if request.num_output_tokens >= request.min_tokens and (
+            token in request.stop_token_ids
+            or (not request.ignore_eos and token in request.eos_token_ids)
+        ):
+            return FinishReason.STOP
+        if self._at_length(request):
+            return FinishReason.LENGTH
+        return None
+
+    def _at_length(self, request: Request) -> bool:
+        return request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_len
+
+    def _forget_unwritten(self, output: SchedulerOutput, request_ids: set[str]) -> None:
+        """Blocks declared written by requests the worker did not run hold no such content."""
+        block_ids = [
+            block_id
+            for item in iter_chain(output.new, output.cont)
+            if item.request_id in request_ids
+            for block_id, _ in item.written
+        ]
+        if block_ids:
+            self.kv.remove_blocks(block_ids, "worker_report")
+
+    # -- state changes --------------------------------------------------------------------
+
+    def _requeue(self, request: Request, release_reason: str) -> None:
+        """Back to the front of the queue to recompute; the caller takes it off `running`."""
+        rid = request.request_id
+        self.kv.free(rid)
+        request.reset_for_recompute(RequestStatus.PREEMPTED)
+        request.num_preemptions += 1
+        self.tracker.release_lookup(rid, release_reason)
+        self.waiting.push_front(request)
+        self._dropped.append(rid)
+
+    def _finish(
+        self,
+        request: Request,
+        reason: FinishReason,
+        message: str,
+        release_reason: str,
+        batched: bool = False,
+    ) -> None:
+        rid = request.request_id
+        if request.status is RUNNING:
+            self.kv.free(rid)
+            self._dropped.append(rid)
+            if batched:
+                self._running_dirty = True
+            else:
+                self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.finish(reason, message)
+        del self.requests[rid]
+        self.tracker.remove(rid, release_reason)
+        bump(self.stats.requests_finished, reason.value)
+
+    def _finish_at_arrival(self, request: Request, reason: FinishReason, message: str) -> None:
+        request.finish(reason, message)
+        bump(self.stats.requests_finished, reason.value)
+        self._finished_pending.append(self._update(request, []))
+
+    def _update(self, request: Request, new_token_ids: list[int]) -> RequestUpdate:
+        return RequestUpdate(
+            request_id=request.request_id,
+            new_token_ids=new_token_ids,
+            finish_reason=request.finish_reason,
+            finish_message=request.finish_message,
+            num_cached_tokens=request.num_cached_tokens,
+            num_prompt_tokens=request.num_prompt_tokens,
+        )
+
+    def _why_ignored(self, request: Request) -> str | None:
+        config, num_prompt = self.config, request.num_prompt_tokens
+        if num_prompt == 0:
+            return "the prompt is empty"
+        if num_prompt > config.max_model_len:
+            return (
+                f"the prompt has {num_prompt} tokens, more than the maximum context length "
+                f"of {config.max_model_len}"
+            )
+        capacity = self.kv.token_capacity
+        if capacity is not None and num_prompt > capacity:
+            return (
+                f"the prompt needs {cdiv(num_prompt, config.block_size)} KV blocks but the "
+                f"worker's pool has only {self.kv.num_blocks_total}"
+            )
+        if not request.is_embedding and request.max_tokens < 1:
+            return "max_tokens must be at least 1"
+        return None
+
+    def _audit(self) -> None:
+        """After each step: entries and tables that outlived their request. Should be none."""
+        self.tracker.purge_orphans(self.requests, len(self.requests))
+        if self.kv.num_tables != len(self.running):
+            running_ids = {r.request_id for r in self.running}
+            self.stats.table_orphans += self.kv.free_orphan_tables(running_ids)

@@ -1,0 +1,151 @@
+"""Faults with real processes: a worker killed mid-stream, no worker at all, a scheduler restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.serving import REPO, descendants, free_port, metric_sum, scrape, start_serve
+
+MODEL = "tiny-llama"
+PROMPTS = [f"request number {i} asks the ledger for a long answer" for i in range(4)]
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_kill_9_a_worker_mid_stream_requests_finish_on_the_other(tmp_path):
+    served = start_serve(tmp_path, "--num-workers", "2", "--num-kv-blocks", "256")
+    try:
+        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
+        kwargs = dict(model=MODEL, max_tokens=60, temperature=0, extra_body={"ignore_eos": True})
+        reference = [client.completions.create(prompt=p, **kwargs).choices[0].text
+                     for p in PROMPTS]
+        victim = next(p for p in descendants(served.process.pid)
+                      if "-m worker" in cmdline(p) and "worker-0" in cmdline(p))
+        results: dict[int, str] = {}
+
+        def stream(i: int) -> None:
+            chunks = client.completions.create(prompt=PROMPTS[i], stream=True, **kwargs)
+            results[i] = "".join(c.choices[0].text for c in chunks)
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(len(PROMPTS))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while metric_sum(scrape(served.scheduler_metrics_url), "kvledger_num_requests_running",
+                         worker="worker-0") == 0:
+            assert time.monotonic() < deadline, "worker-0 never got a request"
+            time.sleep(0.01)
+        os.kill(victim, signal.SIGKILL)
+        for t in threads:
+            t.join(60)
+        assert results == dict(enumerate(reference))
+        samples = scrape(served.scheduler_metrics_url)
+        assert metric_sum(samples, "kvledger_kv_blocks_in_use") == 0
+        assert metric_sum(samples, "kvledger_tracker_entries") == 0
+        assert 'worker="worker-0"' not in " ".join(samples), "lost worker's pool still exported"
+    finally:
+        served.stop()
+
+
+def spawn(module: str, *args: str, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, stdout=out,
+                                stderr=subprocess.STDOUT)
+
+
+def wait_status(url: str, status: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == status:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"{url} never answered {status}"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def processes():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_no_worker_is_503_then_a_scheduler_restart_is_survived(tmp_path, processes):
+    grpc_port, http_port = free_port(), free_port()
+    target = f"127.0.0.1:{grpc_port}"
+    log = tmp_path / "services.log"
+    scheduler_args = ("--grpc-port", str(grpc_port), "--metrics-port", str(free_port()),
+                      "--debug-invariants")
+    processes.append(spawn("scheduler_svc", *scheduler_args, log=log))
+    processes.append(spawn("server", "--scheduler", target, "--port", str(http_port),
+                           "--require-model", MODEL, log=log))
+    url = f"http://127.0.0.1:{http_port}"
+    wait_status(f"{url}/version", 200)
+    assert httpx.get(f"{url}/health").status_code == 503
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 2, "temperature": 0}
+    reply = httpx.post(f"{url}/v1/completions", json=body)
+    assert reply.status_code == 503 and reply.headers["retry-after"]
+    assert reply.json()["error"]["type"] == "service_unavailable"
+
+    processes.append(spawn("worker", "--scheduler", target, "--num-kv-blocks", "64",
+                           "--metrics-port", str(free_port()), log=log))
+    wait_status(f"{url}/health", 200)
+    first = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert first.status_code == 200
+
+    processes[0].send_signal(signal.SIGKILL)
+    processes[0].wait()
+    wait_status(f"{url}/health", 503, timeout=10)
+    reply = httpx.post(f"{url}/v1/completions", json=body, timeout=10)
+    assert reply.status_code == 503, reply.text
+
+    processes[0] = spawn("scheduler_svc", *scheduler_args, log=log)
+    wait_status(f"{url}/health", 200, timeout=30)
+    again = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert again.status_code == 200
+    assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+
+
+def test_full_queue_is_429_with_retry_after(tmp_path):
+    served = start_serve(tmp_path, "--num-kv-blocks", "64", "--max-num-seqs", "1",
+                         "--max-waiting-requests", "1")
+    try:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 400, "ignore_eos": True}
+        statuses: list[int] = []
+
+        def call() -> None:
+            statuses.append(httpx.post(f"{served.url}/v1/completions", json=body,
+                                       timeout=120).status_code)
+
+        threads = [threading.Thread(target=call) for _ in range(2)]
+        for t in threads:
+            t.start()
+            time.sleep(0.3)  # the first runs, the second waits
+        reply = httpx.post(f"{served.url}/v1/completions", json=body)
+        assert reply.status_code == 429 and reply.headers["retry-after"]
+        assert reply.json()["error"]["type"] == "rate_limit_error"
+        for t in threads:
+            t.join(120)
+        assert statuses == [200, 200]
+    finally:
+        served.stop()
