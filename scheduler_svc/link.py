@@ -82,6 +82,10 @@ class WorkerLink:
             live = self.live.get(emb.request_id)
             if live is not None:
                 live.embedding = list(emb.values)
+        for sampled in result.sampled:
+            live = self.live.get(sampled.request_id)
+            if live is not None and sampled.HasField("logprob"):
+                live.step_logprob = sampled.logprob
         updates = self.scheduler.update_from_output(out, model_result_from(result))
         self.steps += 1
         self._dispatch(updates)
@@ -100,4 +104,20 @@ class WorkerLink:
                 continue
             if update.finish_reason is not None:
                 del self.live[update.request_id]
+            self._attach_logprobs(live, update)
             self._on_update(live, update)
+
+    @staticmethod
+    def _attach_logprobs(live: LiveRequest, update: RequestUpdate) -> None:
+        """Pairs this step's logprob with the token the ledger accepted (at most one a step)."""
+        step, live.step_logprob = live.step_logprob, None
+        if not live.wants_logprobs:
+            return
+        for token in update.new_token_ids:
+            if step is not None and step.token_id == token:
+                live.logprobs_out.append(step)
+                step = None
+            else:  # the worker sent none for it: a bug signal, never a made-up number
+                log.warning("request %s: no logprob for token %d", live.request_id, token)
+                live.logprobs_out.append(frontend_pb2.TokenLogprob(token_id=token,
+                                                                   logprob=float("nan")))

@@ -33,6 +33,13 @@ class LiveRequest:
     first_token_time: float | None = None
     embedding: list[float] | None = None
     done: bool = False
+    # Logprobs of this step's sampled token, and those not yet streamed (aligned with tokens).
+    step_logprob: frontend_pb2.TokenLogprob | None = None
+    logprobs_out: list[frontend_pb2.TokenLogprob] = field(default_factory=list)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.sampling.logprobs >= 0
 
     @property
     def request_id(self) -> str:

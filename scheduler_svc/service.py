@@ -33,7 +33,11 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
                     await context.abort(update.code, update.message)
                 if update.finish_reason == FinishReason.IGNORED:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, update.finish_message)
-                yield response_from_update(update)
+                response = response_from_update(update)
+                if live.logprobs_out:
+                    response.logprobs.extend(live.logprobs_out)
+                    live.logprobs_out.clear()
+                yield response
                 if update.finish_reason is not None:
                     return
         finally:

@@ -250,13 +250,14 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
             task.cancel()
 
 
-def _choice_body(completion: Completion, index: int, text: str, finish: str | None) -> dict:
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+def _choice_body(index: int, text: str, finish: str | None, logprobs: dict | None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
 
 def _completion_body(completion: Completion) -> dict:
-    choices = [_choice_body(completion, c.index, echo_prefix(completion, c) + c.text,
-                            c.finish_reason) for c in completion.choices]
+    choices = [_choice_body(c.index, echo_prefix(completion, c) + c.text, c.finish_reason,
+                            c.logprobs.body() if c.logprobs is not None else None)
+               for c in completion.choices]
     return {"id": completion.id, "object": "text_completion", "created": completion.created,
             "model": completion.model.name, "choices": choices, "usage": completion.usage()}
 
@@ -285,7 +286,11 @@ async def _streaming_response(completion: Completion, events: AsyncIterator) -> 
             choice.echoed = True
         if not text and choice.finish_reason is None:
             return None
-        return chunk([_choice_body(completion, choice.index, text, choice.finish_reason)])
+        logprobs = None
+        if choice.logprobs is not None:
+            logprobs = choice.logprobs.body(choice.logprobs.sent)
+            choice.logprobs.sent = len(choice.logprobs.tokens)
+        return chunk([_choice_body(choice.index, text, choice.finish_reason, logprobs)])
 
     async def sse() -> AsyncIterator[str]:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +20,39 @@ from server.protocol import CompletionRequest
 
 
 @dataclass
+class ChoiceLogprobs:
+    """OpenAI's legacy completions logprobs, one entry per generated token."""
+
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
+    text_offset: list[int] = field(default_factory=list)
+    sent: int = 0  # entries already streamed
+
+    def add(self, token: str, entry: frontend_pb2.TokenLogprob, offset: int,
+            top: dict[str, float] | None) -> None:
+        self.tokens.append(token)
+        self.token_logprobs.append(_finite(entry.logprob))
+        self.top_logprobs.append(top)
+        self.text_offset.append(offset)
+
+    def truncate(self, text_length: int) -> None:
+        """A stop string cut the text: drop the tokens that now lie past its end."""
+        keep = sum(1 for offset in self.text_offset if offset < text_length)
+        for column in (self.tokens, self.token_logprobs, self.top_logprobs, self.text_offset):
+            del column[keep:]
+
+    def body(self, start: int = 0, end: int | None = None) -> dict:
+        return {"tokens": self.tokens[start:end], "token_logprobs": self.token_logprobs[start:end],
+                "top_logprobs": self.top_logprobs[start:end],
+                "text_offset": self.text_offset[start:end]}
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+@dataclass
 class Choice:
     index: int
     prompt_index: int
@@ -30,6 +64,7 @@ class Choice:
     num_tokens: int = 0
     num_cached_tokens: int = 0
     finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 @dataclass
@@ -59,7 +94,7 @@ class Completion:
 def _reject_unsupported(body: CompletionRequest) -> None:
     """Fields whose sampling the worker does not implement yet: refuse rather than ignore."""
     unsupported = {
-        "logprobs": body.logprobs is not None,
+        "echo with logprobs": body.echo and body.logprobs is not None,
         "presence_penalty": bool(body.presence_penalty),
         "frequency_penalty": bool(body.frequency_penalty),
         "repetition_penalty": body.repetition_penalty not in (None, 1.0),
@@ -114,7 +149,10 @@ def build_completion(body: CompletionRequest, model: ServedModel, salt: str,
             request = _generate_request(body, model, prompt, max_tokens, salt,
                                         f"{completion.id}-{index}")
             detok = IncrementalDetokenizer(model.tokenizer, prompt, body.skip_special_tokens)
-            completion.choices.append(Choice(index, p_index, request, detok))
+            choice = Choice(index, p_index, request, detok)
+            if body.logprobs is not None:
+                choice.logprobs = ChoiceLogprobs()
+            completion.choices.append(choice)
             del n
     return completion
 
@@ -152,7 +190,10 @@ async def run_choice(stub: frontend_pb2_grpc.SchedulerStub, completion: Completi
         async for response in call:
             choice.num_cached_tokens = response.num_cached_tokens
             choice.num_tokens += len(response.token_ids)
-            choice.text += choice.detokenizer.push(list(response.token_ids))
+            if choice.logprobs is not None:
+                _push_with_logprobs(completion, choice, response)
+            else:
+                choice.text += choice.detokenizer.push(list(response.token_ids))
             if response.finish_reason:
                 if response.finish_reason == "error":
                     raise APIError(500, response.message or "the worker failed this request")
@@ -160,6 +201,8 @@ async def run_choice(stub: frontend_pb2_grpc.SchedulerStub, completion: Completi
                 choice.finish_reason = "length" if response.finish_reason == "length" else "stop"
             if stops and _cut_at_stop(choice, stops):
                 choice.finish_reason = "stop"
+                if choice.logprobs is not None:
+                    choice.logprobs.truncate(len(choice.text))
             yield
             if choice.finish_reason is not None:
                 return
@@ -167,6 +210,20 @@ async def run_choice(stub: frontend_pb2_grpc.SchedulerStub, completion: Completi
         raise from_grpc(err) from None
     finally:
         call.cancel()  # no-op when finished; aborts the request when we stop early
+
+
+def _push_with_logprobs(completion: Completion, choice: Choice,
+                        response: frontend_pb2.GenerateResponse) -> None:
+    """Token by token, so each token's text offset is known."""
+    tokenizer = completion.model.tokenizer
+    assert choice.logprobs is not None
+    for token, entry in zip(response.token_ids, response.logprobs, strict=True):
+        offset = len(choice.text)
+        choice.text += choice.detokenizer.push([token])
+        top = {tokenizer.decode([t.token_id], skip_special_tokens=False): t.logprob
+               for t in entry.top} if completion.body.logprobs else None
+        choice.logprobs.add(tokenizer.decode([token], skip_special_tokens=False), entry, offset,
+                            top)
 
 
 def _cut_at_stop(choice: Choice, stops: list[str]) -> bool:
