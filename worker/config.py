@@ -1,4 +1,4 @@
-"""ModelConfig: what the worker needs from a Hugging Face `config.json`, checked up front.
+"""ModelConfig / EncoderConfig: what the worker needs from a Hugging Face `config.json`.
 
 Parsing fails with a clear message before any memory is taken: an unsupported architecture,
 activation or RoPE type never reaches weight loading.
@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+ENCODER_ARCHITECTURES = ("BertModel",)
+ENCODER_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -52,10 +54,7 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> ModelConfig:
-        path = Path(model_dir) / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"{model_dir} has no config.json")
-        config = json.loads(path.read_text())
+        config = read_config(model_dir)
         gen_path = Path(model_dir) / "generation_config.json"
         generation = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
         return cls.from_dict(config, generation)
@@ -63,6 +62,8 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, c: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
         arch = _architecture(c)
+        if arch not in DECODER_ARCHITECTURES:
+            raise UnsupportedModelError(f"{arch} is an encoder, not a decoder")
         if c.get("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"{arch}: activation {c['hidden_act']!r} is not supported "
                                         "(only silu)")
@@ -98,14 +99,87 @@ class ModelConfig:
         )
 
 
+@dataclass(frozen=True)
+class EncoderConfig:
+    """A BERT-family encoder: post-LayerNorm, learned absolute positions, no KV cache."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    layer_norm_eps: float
+    max_position_embeddings: int
+    type_vocab_size: int
+    hidden_act: str
+    torch_dtype: str | None = None
+    # sentence-transformers' max_seq_length, when the directory carries one
+    max_seq_length: int | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> EncoderConfig:
+        st_path = Path(model_dir) / "sentence_bert_config.json"
+        st = json.loads(st_path.read_text()) if st_path.is_file() else {}
+        return cls.from_dict(read_config(model_dir), st.get("max_seq_length"))
+
+    @classmethod
+    def from_dict(cls, c: dict[str, Any], max_seq_length: int | None = None) -> EncoderConfig:
+        arch = _architecture(c)
+        if arch not in ENCODER_ARCHITECTURES:
+            raise UnsupportedModelError(f"{arch} is a decoder, not an encoder")
+        act = c.get("hidden_act", "gelu")
+        if act not in ENCODER_ACTIVATIONS:
+            raise UnsupportedModelError(f"{arch}: activation {act!r} is not supported "
+                                        f"({', '.join(ENCODER_ACTIVATIONS)})")
+        position_type = c.get("position_embedding_type", "absolute")
+        if position_type != "absolute":
+            raise UnsupportedModelError(f"{arch}: position_embedding_type {position_type!r} is "
+                                        "not supported (only absolute)")
+        heads = int(c["num_attention_heads"])
+        if int(c["hidden_size"]) % heads:
+            raise UnsupportedModelError(f"hidden_size {c['hidden_size']} is not a multiple of "
+                                        f"{heads} attention heads")
+        return cls(
+            architecture=arch,
+            vocab_size=int(c["vocab_size"]),
+            hidden_size=int(c["hidden_size"]),
+            intermediate_size=int(c["intermediate_size"]),
+            num_layers=int(c["num_hidden_layers"]),
+            num_heads=heads,
+            layer_norm_eps=float(c.get("layer_norm_eps", 1e-12)),
+            max_position_embeddings=int(c.get("max_position_embeddings", 512)),
+            type_vocab_size=int(c.get("type_vocab_size", 2)),
+            hidden_act=act,
+            torch_dtype=c.get("torch_dtype") or c.get("dtype"),
+            max_seq_length=int(max_seq_length) if max_seq_length else None,
+        )
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{model_dir} has no config.json")
+    return json.loads(path.read_text())
+
+
+def is_encoder(model_dir: Path) -> bool:
+    """True for a BERT-family encoder (embeddings only), False for a decoder; refuses the rest."""
+    return _architecture(read_config(model_dir)) in ENCODER_ARCHITECTURES
+
+
 def _architecture(c: dict[str, Any]) -> str:
     archs = c.get("architectures") or []
     for arch in archs:
-        if arch in DECODER_ARCHITECTURES:
+        if arch in DECODER_ARCHITECTURES or arch in ENCODER_ARCHITECTURES:
             return arch
     found = ", ".join(archs) or f"model_type {c.get('model_type')!r}"
     raise UnsupportedModelError(f"unsupported architecture {found}; this worker runs "
-                                f"{', '.join(DECODER_ARCHITECTURES)}")
+                                f"{', '.join(DECODER_ARCHITECTURES + ENCODER_ARCHITECTURES)}")
 
 
 def parse_rope(c: dict[str, Any]) -> RopeConfig:

@@ -43,6 +43,8 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
     filled = dict.fromkeys(params, 0)
     unexpected: list[str] = []
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    # Checkpoint tensors a model deliberately leaves unused (e.g. BERT's pooler head).
+    ignored: tuple[str, ...] = tuple(getattr(model, "ignored_weights", ()))
     files = weight_files(Path(model_dir))
     total = sum(_count(f) for f in files)
     with tqdm(total=total, desc="loading weights", unit="tensor", disable=not progress) as bar:
@@ -50,7 +52,8 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                     bar.update()
-                    if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+                    if (name.endswith(IGNORED_SUFFIXES) or name.startswith(ignored)
+                            or (tied and name == "lm_head.weight")):
                         continue
                     target, rows = _target(name, packed, model)
                     if target not in params:

@@ -1,8 +1,9 @@
-"""RMSNorm as Llama computes it: in float32, scaled by the weight in the model's dtype."""
+"""RMSNorm as Llama computes it (in float32, scaled by the weight in the model's dtype); LayerNorm."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -17,3 +18,18 @@ class RMSNorm(nn.Module):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with weight and bias (BERT), computed in float32 like RMSNorm above."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(size), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(size), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.layer_norm(x.float(), x.shape[-1:], self.weight.float(), self.bias.float(),
+                           self.eps)
+        return out.to(x.dtype)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
+from torch import nn
 
 from worker.attention.base import AttentionBackend
-from worker.config import ModelConfig
+from worker.config import EncoderConfig, ModelConfig
+from worker.models.bert import BertModel
 from worker.models.llama import LlamaForCausalLM
 
 # Mistral and Qwen2 are Llama with a sliding window or a q/k/v bias, both read from the config.
@@ -14,16 +19,29 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
 }
+ENCODER_CLASSES: dict[str, type[BertModel]] = {"BertModel": BertModel}
+
+M = TypeVar("M", bound=nn.Module)
 
 
 def build_model(cfg: ModelConfig, backend: AttentionBackend, max_positions: int,
                 dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
     """Uninitialized parameters of `dtype` on `device`; the loader fills them."""
+    cls = MODEL_CLASSES[cfg.architecture]
+    return _build(lambda: cls(cfg, backend, max_positions, dtype), dtype, device)
+
+
+def build_encoder(cfg: EncoderConfig, dtype: torch.dtype, device: torch.device) -> BertModel:
+    cls = ENCODER_CLASSES[cfg.architecture]
+    return _build(lambda: cls(cfg), dtype, device)
+
+
+def _build(make: Callable[[], M], dtype: torch.dtype, device: torch.device) -> M:
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = MODEL_CLASSES[cfg.architecture](cfg, backend, max_positions, dtype)
+            model = make()
     finally:
         torch.set_default_dtype(previous)
     return model.eval()

@@ -1,0 +1,274 @@
+"""A fake worker that checks every plan against the protocol, and small test helpers.
+
+The fake keeps what a real worker keeps (per-request tables and tokens, the hash declared for
+each written block) and, beside it, the truth: which token prefix (and salt) each block really
+holds. A claimed block whose truth differs from the request's prefix is a stale entry the
+scheduler let through, and fails the test at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from itertools import chain
+
+from scheduler_svc.core import (
+    ModelResult,
+    Request,
+    RequestUpdate,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+)
+from scheduler_svc.core.kv_cache_manager import KVCacheManager
+
+Truth = tuple[str | None, tuple[int, ...]]  # (salt, every token up to the block's end)
+
+
+def config(kv: bool = True, **overrides: object) -> SchedulerConfig:
+    values: dict[str, object] = dict(
+        num_blocks=8,
+        block_size=4,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        max_model_len=64,
+        kv_cache=kv,
+        debug_invariants=True,
+    )
+    values.update(overrides)
+    return SchedulerConfig(**values)  # type: ignore[arg-type]
+
+
+def request(rid: str, prompt: Iterable[int], max_tokens: int = 4, **kw: object) -> Request:
+    return Request(request_id=rid, prompt_token_ids=list(prompt), max_tokens=max_tokens, **kw)
+
+
+def default_token(rid: str, tokens: list[int]) -> int:
+    return 1000 + len(tokens)
+
+
+@dataclass
+class FakeWorker:
+    block_size: int
+    kv: bool = True  # False: no tables at all (the no-KV manager)
+    next_token: Callable[[str, list[int]], int] = default_token
+    requests: dict[str, Request] = field(default_factory=dict)  # every request ever added
+    tables: dict[str, list[int]] = field(default_factory=dict)
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    computed: dict[str, int] = field(default_factory=dict)
+    declared: dict[int, bytes] = field(default_factory=dict)  # provenance, as a worker keeps
+    truth: dict[int, Truth | None] = field(default_factory=dict)  # what a block really holds
+    claims_checked: int = 0
+
+    def run(
+        self,
+        out: SchedulerOutput,
+        errored: dict[str, str] | None = None,
+        drop_blocks: Iterable[int] = (),
+        withhold: Iterable[str] = (),
+    ) -> ModelResult:
+        for rid in out.dropped_request_ids:
+            self.tables.pop(rid, None)
+            self.tokens.pop(rid, None)
+            self.computed.pop(rid, None)
+        for new in out.new:
+            self._place(new.request_id, new.token_ids, new.block_ids, new.num_computed_tokens)
+            assert new.num_computed_tokens == len(new.claimed) * self.block_size
+            assert [b for b, _ in new.claimed] == new.block_ids[: len(new.claimed)]
+        for cont in out.cont:
+            rid = cont.request_id
+            assert rid in self.tables, f"continuing {rid}, which the worker does not hold"
+            assert cont.num_computed_tokens == self.computed[rid], f"{rid}: computed mismatch"
+            self.tables[rid].extend(cont.new_block_ids)
+        errored = dict(errored or {})
+        refused = self._refused_claims(out, errored)
+        # a block written now may also be claimed now (same-step sharing), nothing else
+        shared_now = {b for new in out.new for b, _ in new.claimed} & {
+            b for item in chain(out.new, out.cont) for b, _ in item.written
+        }
+        for item in chain(out.new, out.cont):
+            if item.request_id not in refused and item.request_id not in errored:
+                self._write(item.request_id, item.num_scheduled_tokens, item.written, shared_now)
+        for new in out.new:
+            if new.request_id not in refused and new.request_id not in errored:
+                self._check_claims(new.request_id, new.claimed)
+        result = ModelResult(errored=errored, stale_request_ids=sorted(refused))
+        result.removed_block_ids = sorted(
+            {b for rid in refused for b, h in self._claimed(out, rid) if self.declared.get(b) != h}
+        )
+        for rid in refused | set(errored):
+            self.tables.pop(rid, None)
+            self.tokens.pop(rid, None)
+            self.computed.pop(rid, None)
+        self._sample(out, result, refused | set(errored) | set(withhold))
+        self._drop(drop_blocks, result)
+        return result
+
+    def _place(self, rid: str, tokens: list[int], blocks: list[int], computed: int) -> None:
+        assert rid not in self.tables, f"new {rid}, but the worker still holds it"
+        self.tables[rid] = list(blocks)
+        self.tokens[rid] = list(tokens)
+        self.computed[rid] = computed
+
+    def _refused_claims(self, out: SchedulerOutput, errored: dict[str, str]) -> set[str]:
+        """Provenance check, with same-step writes visible (writes precede reads per layer)."""
+        refused: set[str] = set()
+        while True:
+            view = dict(self.declared)
+            for item in chain(out.new, out.cont):
+                if item.request_id not in refused and item.request_id not in errored:
+                    view.update(item.written)
+            newly = {
+                new.request_id
+                for new in out.new
+                if new.request_id not in refused
+                and any(view.get(b) != h for b, h in new.claimed)
+            }
+            if not newly:
+                return refused
+            refused |= newly
+
+    @staticmethod
+    def _claimed(out: SchedulerOutput, rid: str) -> list[tuple[int, bytes]]:
+        return [pair for new in out.new if new.request_id == rid for pair in new.claimed]
+
+    def _write(
+        self, rid: str, num_new: int, written: list[tuple[int, bytes]], shared_now: set[int]
+    ) -> None:
+        size, table, tokens = self.block_size, self.tables[rid], self.tokens[rid]
+        start, end = self.computed[rid], self.computed[rid] + num_new
+        assert end <= len(tokens), f"{rid}: scheduled past its known tokens"
+        if not self.kv:
+            assert table == [] and written == []
+            self.computed[rid] = end
+            return
+        assert len(table) == -(-end // size), f"{rid}: table of {len(table)} for {end} tokens"
+        others = {b for other, t in self.tables.items() if other != rid for b in t} - shared_now
+        salt = self.requests[rid].cache_salt
+        full_now = []
+        for index in range(start // size, -(-end // size)):
+            block = table[index]
+            assert block not in others, f"{rid} writes block {block}, shared with another table"
+            block_end = (index + 1) * size
+            if block_end <= end:
+                self.truth[block] = (salt, tuple(tokens[:block_end]))
+                if block_end > start:
+                    full_now.append(block)
+            else:
+                self.truth[block] = None  # partial: holds nothing claimable
+            self.declared.pop(block, None)
+        if written:
+            assert [b for b, _ in written] == full_now, f"{rid}: written {written} != {full_now}"
+            self.declared.update(written)
+        self.computed[rid] = end
+
+    def _check_claims(self, rid: str, claimed: list[tuple[int, bytes]]) -> None:
+        size, tokens = self.block_size, self.tokens[rid]
+        salt = self.requests[rid].cache_salt
+        for index, (block, _) in enumerate(claimed):
+            expected = (salt, tuple(tokens[: (index + 1) * size]))
+            assert self.truth.get(block) == expected, (
+                f"{rid} claims block {block} at position {index}, which holds "
+                f"{self.truth.get(block)}, not {expected}: a stale cache entry"
+            )
+            self.claims_checked += 1
+
+    def _sample(self, out: SchedulerOutput, result: ModelResult, skip: set[str]) -> None:
+        for item in chain(out.new, out.cont):
+            rid = item.request_id
+            if rid in skip or rid not in self.tokens:
+                continue
+            if self.computed[rid] < len(self.tokens[rid]):
+                continue  # a prompt chunk: nothing to sample yet
+            if self.requests[rid].is_embedding:
+                result.embedded.append(rid)
+                continue
+            token = self.next_token(rid, self.tokens[rid])
+            self.tokens[rid].append(token)
+            result.sampled[rid] = token
+
+    def _drop(self, blocks: Iterable[int], result: ModelResult) -> None:
+        held = {b for table in self.tables.values() for b in table}
+        for block in blocks:
+            assert block not in held, f"a worker never drops block {block}, which is in use"
+            self.declared.pop(block, None)
+            self.truth.pop(block, None)
+            result.removed_block_ids.append(block)
+
+    def restart(self) -> None:
+        self.tables.clear()
+        self.tokens.clear()
+        self.computed.clear()
+        self.declared.clear()
+        self.truth.clear()
+
+
+@dataclass
+class Harness:
+    """A scheduler and its fake worker, stepped together."""
+
+    sched: Scheduler
+    worker: FakeWorker
+    updates: list[RequestUpdate] = field(default_factory=list)
+    last: SchedulerOutput | None = None
+
+    @classmethod
+    def build(cls, kv: bool = True, **overrides: object) -> Harness:
+        cfg = config(kv=kv, **overrides)
+        return cls(Scheduler(cfg), FakeWorker(cfg.block_size, kv=kv))
+
+    def add(self, *requests: Request) -> None:
+        for r in requests:
+            self.worker.requests[r.request_id] = r
+            self.sched.add_request(r)
+
+    def plan(self) -> SchedulerOutput:
+        self.last = self.sched.schedule()
+        self.updates.extend(self.last.finished)
+        return self.last
+
+    def finish_step(self, **inject: object) -> list[RequestUpdate]:
+        assert self.last is not None
+        result = self.worker.run(self.last, **inject)  # type: ignore[arg-type]
+        updates = self.sched.update_from_output(self.last, result)
+        self.updates.extend(updates)
+        return updates
+
+    def step(self, **inject: object) -> SchedulerOutput:
+        out = self.plan()
+        self.finish_step(**inject)
+        return out
+
+    def run_to_idle(self, max_steps: int = 500) -> None:
+        for _ in range(max_steps):
+            if not self.sched.has_unfinished():
+                return
+            self.step()
+        raise AssertionError("the scheduler did not reach idle")
+
+    # -- views for exact assertions -------------------------------------------------------
+
+    @property
+    def kv(self) -> KVCacheManager:
+        assert isinstance(self.sched.kv, KVCacheManager)
+        return self.sched.kv
+
+    def table(self, rid: str) -> list[int]:
+        return self.sched.kv.block_ids(rid) if self.sched.kv.has_table(rid) else []
+
+    def free_queue(self) -> list[int]:
+        return [b.block_id for b in self.kv.pool.free_queue]
+
+    def refs(self) -> list[int]:
+        return [b.ref_cnt for b in self.kv.pool.blocks]
+
+    def cached(self) -> list[int]:
+        return sorted(b.block_id for b in self.kv.pool.cached.values())
+
+    def outputs(self, rid: str) -> list[int]:
+        return [t for u in self.updates if u.request_id == rid for t in u.new_token_ids]
+
+    def finish_of(self, rid: str) -> RequestUpdate | None:
+        ends = [u for u in self.updates if u.request_id == rid and u.finish_reason is not None]
+        assert len(ends) <= 1, f"{rid} finished {len(ends)} times"
+        return ends[0] if ends else None

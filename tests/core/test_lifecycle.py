@@ -1,0 +1,271 @@
+"""Finishing, ignoring, failing, draining: every way a request leaves, and what it leaves."""
+
+import pytest
+
+from scheduler_svc.core import (
+    FinishReason,
+    ModelResult,
+    Request,
+    RequestStatus,
+    Scheduler,
+    SchedulerOutput,
+)
+
+from tests.core.fakes import FakeWorker, Harness, config, request
+
+
+def scripted(tokens: list[int]):  # noqa: ANN201
+    def next_token(rid: str, seen: list[int]) -> int:
+        return tokens[len(seen) - 4] if len(seen) - 4 < len(tokens) else 1
+
+    return next_token
+
+
+@pytest.mark.parametrize(
+    ("kw", "script", "outputs", "reason"),
+    [
+        ({"eos_token_ids": frozenset({7})}, [5, 7, 5], [5, 7], "stop"),
+        ({"eos_token_ids": frozenset({7}), "ignore_eos": True}, [5, 7, 5], [5, 7, 5], "length"),
+        ({"eos_token_ids": frozenset({7}), "min_tokens": 3}, [7, 7, 7, 7], [7, 7, 7], "stop"),
+        ({"stop_token_ids": frozenset({6})}, [5, 6, 5], [5, 6], "stop"),
+        ({"stop_token_ids": frozenset({6}), "min_tokens": 2}, [6, 5, 6], [6, 5, 6], "stop"),
+        ({"stop_token_ids": frozenset({6}), "min_tokens": 2}, [6, 6, 5], [6, 6], "stop"),
+        ({}, [5, 5, 5, 5, 5], [5, 5, 5], "length"),
+    ],
+)
+def test_token_level_stops(kv: bool, kw: dict, script: list[int], outputs: list[int],
+                           reason: str) -> None:
+    cfg = config(kv=kv)
+    h = Harness(Scheduler(cfg), FakeWorker(4, kv=kv, next_token=scripted(script)))
+    h.add(request("r", [1, 2, 3, 4], max_tokens=3, **kw))
+    h.run_to_idle()
+    assert h.outputs("r") == outputs and h.finish_of("r").finish_reason == reason
+    assert h.sched.stats.requests_finished[reason] == 1
+    assert h.sched.stats.generation_tokens == len(outputs)
+
+
+def test_max_model_len_caps_generation(kv: bool) -> None:
+    h = Harness.build(kv, max_model_len=10)
+    h.add(request("r", range(8), max_tokens=100))
+    h.run_to_idle()
+    assert h.outputs("r") == [1008, 1009] and h.finish_of("r").finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens", "message"),
+    [
+        ([], 4, "the prompt is empty"),
+        (list(range(65)), 4, "more than the maximum context length of 64"),
+        (list(range(33)), 4, "needs 9 KV blocks but the worker's pool has only 8"),
+        (list(range(4)), 0, "max_tokens must be at least 1"),
+    ],
+)
+def test_prompts_that_can_never_run_finish_as_ignored_with_a_reason(
+    kv: bool, prompt: list[int], max_tokens: int, message: str
+) -> None:
+    h = Harness.build(kv)
+    r = request("bad", prompt, max_tokens=max_tokens)
+    h.add(r, request("fine", [1, 2, 3], max_tokens=1))
+    if not kv and "KV blocks" in message:
+        assert r.status is RequestStatus.WAITING  # no pool, no such limit
+        h.run_to_idle()
+        return
+    assert r.status is RequestStatus.FINISHED and r.finish_reason is FinishReason.IGNORED
+    assert h.sched.has_unfinished() and h.sched.abort_request("bad") is False
+    out = h.plan()
+    (update,) = out.finished
+    assert update.request_id == "bad" and update.finish_reason == "ignored"
+    assert message in update.finish_message and update.new_token_ids == []
+    assert [n.request_id for n in out.new] == ["fine"]  # it never blocked the queue
+    h.finish_step()
+    h.run_to_idle()
+    assert h.sched.stats.requests_finished["ignored"] == 1
+    assert "bad" not in h.sched.tracker.entries  # it never got an entry to release
+
+
+def test_worker_errors_finish_the_request_and_uncache_what_it_did_not_write(kv: bool) -> None:
+    h = Harness.build(kv)
+    h.add(request("bad", range(9), max_tokens=3), request("ok", range(20, 29), max_tokens=3))
+    out = h.plan()
+    if kv:
+        assert h.cached() == [0, 1, 3, 4]
+    updates = h.finish_step(errored={"bad": "CUDA fell over"})
+    assert [(u.request_id, u.finish_reason, u.finish_message) for u in updates][0] == (
+        "bad", "error", "CUDA fell over")
+    if kv:
+        # bad's blocks were declared written but never were: their hashes must go
+        assert h.cached() == [3, 4]
+        assert h.sched.stats.hashes_removed["worker_report"] == 2
+    assert h.sched.stats.requests_finished["error"] == 1
+    assert h.sched.stats.entries_released["error"] == 1
+    assert "bad" in h.plan().dropped_request_ids
+    h.finish_step()
+    h.run_to_idle()
+    assert h.outputs("ok") == [1009, 1010, 1011]
+    assert out.step_id == 1
+
+
+def test_a_worker_that_omits_a_token_fails_that_request_instead_of_hanging(kv: bool) -> None:
+    h = Harness.build(kv)
+    h.add(request("r", range(5), max_tokens=3), request("s", range(10, 15), max_tokens=1))
+    h.plan()
+    h.finish_step(withhold=["r"])
+    assert h.finish_of("r").finish_reason == "error"
+    assert "no token" in h.finish_of("r").finish_message
+    h.run_to_idle()
+
+
+def test_a_claim_the_worker_refuses_is_recomputed_and_counted(kv: bool) -> None:
+    h = Harness.build(kv)
+    h.add(request("p", range(8), max_tokens=1))
+    h.step()
+    if kv:
+        h.worker.declared[1] = b"x" * 32  # the worker's record of block 1 disagrees
+    r = request("r", list(range(8)) + [9], max_tokens=2)
+    h.add(r)
+    out = h.step()
+    if kv:
+        assert [b for b, _ in out.new[0].claimed] == [0, 1]
+        assert r.status is RequestStatus.PREEMPTED and r.num_computed_tokens == 0
+        assert h.sched.stats.stale_entries["worker_report"] == 1
+        assert h.cached() == [0]  # the refused block was reported removed
+        out = h.step()  # the worker drops its copy of r, then gets r afresh
+        assert out.dropped_request_ids == ["r"] and [n.request_id for n in out.new] == ["r"]
+        (new,) = out.new
+        assert [b for b, _ in new.claimed] == [0] and new.num_computed_tokens == 4
+    h.run_to_idle()
+    assert h.outputs("r") == [1009, 1010]
+
+
+@pytest.mark.parametrize("source", ["worker_report", "cache_reset", "eviction"])
+def test_a_lookup_from_arrival_found_stale_is_recomputed_and_counted_by_source(
+    kv: bool, source: str
+) -> None:
+    h = Harness.build(kv, num_blocks=6)
+    h.add(request("p", range(8), max_tokens=1))
+    h.step()  # blocks 0 and 1 cache p's prompt; the queue is 2, 3, 4, 5, 1, 0
+    late = request("late", list(range(8)) + [50], max_tokens=1)
+    if source == "eviction":
+        # an earlier arrival is admitted first, in the same step; its fifth block evicts 1
+        h.add(request("big", range(100, 120), max_tokens=1))
+    h.add(late)
+    if kv:
+        assert [b.block_id for b in h.sched.tracker.peek_lookup("late").blocks] == [0, 1]
+    if source == "worker_report":
+        # the worker drops block 1 between steps (a result with no plan in flight)
+        h.worker.truth.pop(1, None)
+        nothing = SchedulerOutput(0, [], [], [], [], 0)
+        assert h.sched.update_from_output(nothing, ModelResult(removed_block_ids=[1])) == []
+    if source == "cache_reset":
+        assert h.sched.reset_prefix_cache() is True
+    out = h.plan()
+    late_new = [n for n in out.new if n.request_id == "late"]
+    if kv:
+        assert h.sched.stats.stale_entries == {
+            s: int(s == source) for s in h.sched.stats.stale_entries
+        }
+        if source == "eviction":
+            assert late_new == [] and h.sched.stats.entries_released["no_blocks"] == 1
+        else:
+            assert late_new[0].num_computed_tokens == (4 if source == "worker_report" else 0)
+    h.finish_step()
+    h.run_to_idle()
+    assert h.outputs("late") == [1009]
+
+
+def test_reset_prefix_cache_only_when_every_block_is_free(kv: bool) -> None:
+    h = Harness.build(kv)
+    h.add(request("r", range(8), max_tokens=2))
+    h.step()
+    if kv:
+        assert h.sched.reset_prefix_cache() is False and h.cached() == [0, 1]
+    h.run_to_idle()
+    epoch = h.kv.pool.removal_epoch if kv else 0
+    assert h.sched.reset_prefix_cache() is True
+    if kv:
+        assert h.cached() == [] and h.kv.pool.removal_epoch == epoch + 1
+        assert h.sched.stats.hashes_removed["cache_reset"] == 2
+
+
+def test_embedding_requests_finish_when_their_prompt_is_computed(kv: bool) -> None:
+    h = Harness.build(kv, max_num_batched_tokens=8)
+    e = request("e", range(12), max_tokens=0, is_embedding=True)
+    h.add(e)
+    out = h.step()
+    assert out.new[0].num_scheduled_tokens == 8 and h.finish_of("e") is None
+    h.step()
+    end = h.finish_of("e")
+    assert end.finish_reason == "stop" and end.new_token_ids == [] and e.output_token_ids == []
+    h.add(request("lost", range(4), max_tokens=0, is_embedding=True))
+    h.plan()
+    h.finish_step(withhold=["lost"])
+    assert h.finish_of("lost").finish_reason == "error"
+    h.run_to_idle()
+
+
+def test_drain_hands_back_every_live_request_in_arrival_order(kv: bool) -> None:
+    h = Harness.build(kv, num_blocks=6, max_num_seqs=2)
+    h.add(request("a", range(6), max_tokens=5), request("b", range(10, 16), max_tokens=5),
+          request("c", range(20, 26), max_tokens=5))
+    h.step()
+    h.step()
+    drained = h.sched.drain()
+    assert [r.request_id for r in drained] == ["a", "b", "c"]
+    assert [r.output_token_ids for r in drained] == [[1006, 1007], [1006, 1007], []]
+    assert all(r.status is RequestStatus.WAITING and r.num_computed_tokens == 0
+               for r in drained)
+    snap = h.sched.snapshot()
+    assert snap.num_running == snap.num_waiting == snap.tracker_entries == 0
+    assert snap.blocks_in_use == 0 and snap.blocks_cached == 0
+    assert snap.entries_released["worker_lost"] == 3
+    assert not h.sched.has_unfinished()
+    # another worker's ledger takes them over and finishes them as if nothing happened
+    other = Harness.build(kv, num_blocks=6)
+    other.add(*drained)
+    other.run_to_idle()
+    assert [r.output_token_ids for r in drained] == [[1006 + i for i in range(5)]] * 3
+    assert [other.finish_of(r).finish_reason for r in "abc"] == ["length"] * 3
+
+
+def test_the_auditor_counts_and_purges_orphans(kv: bool) -> None:
+    h = Harness.build(kv, debug_invariants=False)
+    h.add(request("r", range(6), max_tokens=3))
+    h.step()
+    h.sched.tracker.entries["ghost"] = h.sched.tracker.entries["r"]
+    if kv:
+        h.kv.tables["ghost"] = h.kv.tables["r"]
+    h.step()
+    assert h.sched.stats.orphans == 1 and "ghost" not in h.sched.tracker.entries
+    assert h.sched.stats.table_orphans == (1 if kv else 0)
+
+
+def test_the_invariant_checker_catches_a_corrupt_ledger() -> None:
+    h = Harness.build(True)
+    h.add(request("r", range(6), max_tokens=3))
+    h.step()
+    h.kv.pool.blocks[0].ref_cnt += 1
+    with pytest.raises(AssertionError, match="ref count 2 but held by 1"):
+        h.sched.check_invariants()
+    h.kv.pool.blocks[0].ref_cnt -= 1
+    h.kv.pool.blocks[0].token_ids = (9, 9, 9, 9)
+    with pytest.raises(AssertionError, match="holds other tokens"):
+        h.sched.check_invariants()
+
+
+def test_cached_prefix_tokens_is_read_only(kv: bool) -> None:
+    h = Harness.build(kv)
+    h.add(request("p", range(8), max_tokens=1))
+    h.run_to_idle()
+    before = h.sched.snapshot()
+    assert h.sched.cached_prefix_tokens(list(range(8)) + [1], None) == (8 if kv else 0)
+    assert h.sched.cached_prefix_tokens(list(range(8)), None) == (4 if kv else 0)
+    assert h.sched.cached_prefix_tokens([], None) == 0
+    assert h.sched.snapshot() == before
+
+
+def test_duplicate_live_request_ids_are_refused(kv: bool) -> None:
+    sched = Scheduler(config(kv=kv))
+    sched.add_request(Request("r", [1, 2], max_tokens=1))
+    with pytest.raises(ValueError, match="already live"):
+        sched.add_request(Request("r", [1, 2], max_tokens=1))
+    assert sched.update_from_output(sched.schedule(), ModelResult(sampled={"r": 3}))[0].finish_reason
