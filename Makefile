@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Exactly this torch: the CPU build lies on local disk; any other version pulls a CUDA build.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: install run test lint protos check-protos bench clean
+.PHONY: install system-deps run test lint protos check-protos bench clean
 
 install: $(STAMP)
 
@@ -20,7 +20,11 @@ $(STAMP): pyproject.toml
 run: install
 	$(BIN)/kvledger serve $(ARGS)
 
-test: install check-protos lint
+# Debian's docker-compose and prometheus, for the deployment tests (apt-get; idempotent).
+system-deps:
+	bash deploy/ci-deps.sh
+
+test: install system-deps check-protos lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: install

@@ -22,17 +22,23 @@ class DensePlan:
     causal: bool
 
 
-def dense_plan(seq_lens: list[int], causal: bool, device: torch.device) -> DensePlan:
+def dense_plan(seq_lens: list[int], causal: bool, device: torch.device,
+               sliding_window: int | None = None) -> DensePlan:
     num_seqs, max_len = len(seq_lens), max(seq_lens)
     lens = torch.tensor(seq_lens, device=device)
     starts = torch.arange(num_seqs, device=device) * max_len
     rows = torch.repeat_interleave(starts, lens) + seq_positions(seq_lens, device)
-    mask = None
-    if min(seq_lens) != max_len:
-        k_pos = torch.arange(max_len, device=device)
-        mask = (k_pos.view(1, -1) < lens.view(-1, 1)).view(num_seqs, 1, 1, max_len)
-        if causal:
-            mask = mask & (k_pos.view(-1, 1) >= k_pos.view(1, -1))  # [S, 1, L, L]
+    windowed = causal and sliding_window is not None and max_len > sliding_window
+    if min(seq_lens) == max_len and not windowed:
+        return DensePlan(rows, num_seqs, max_len, None, causal)
+    pos = torch.arange(max_len, device=device)
+    mask = (pos.view(1, -1) < lens.view(-1, 1)).view(num_seqs, 1, 1, max_len)
+    if causal:
+        q_pos, k_pos = pos.view(-1, 1), pos.view(1, -1)
+        visible = k_pos <= q_pos
+        if windowed:
+            visible &= q_pos - k_pos < sliding_window
+        mask = mask & visible  # [S, 1, L, L]
     return DensePlan(rows, num_seqs, max_len, mask, causal)
 
 

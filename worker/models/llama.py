@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from worker.attention.base import AttentionBackend
+from worker.attention.dense import DensePlan, dense_attention
 from worker.config import ModelConfig
 from worker.layers.activation import silu_and_mul
 from worker.layers.embedding import Embedding, LMHead
@@ -45,7 +46,10 @@ class LlamaAttention(nn.Module):
         q = apply_rotary(q.view(tokens, self.num_heads, self.head_dim), *rope)
         k = apply_rotary(k.view(tokens, self.num_kv_heads, self.head_dim), *rope)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        out = self.backend.forward(q, k, v, self.k_cache, self.v_cache, plan, self.scale)
+        if isinstance(plan, DensePlan):  # an embedding pass: nothing is kept in the cache
+            out = dense_attention(q, k, v, plan, self.scale)
+        else:
+            out = self.backend.forward(q, k, v, self.k_cache, self.v_cache, plan, self.scale)
         return self.o_proj(out.reshape(tokens, -1))
 
 
