@@ -9,11 +9,13 @@ from pathlib import Path
 import torch
 
 from worker.attention import get_backend
+from worker.attention.dense import dense_plan, seq_positions
 from worker.batch import BatchLimits, SeqChunk, StepBatch, prepare_batch
-from worker.config import ModelConfig
+from worker.config import EncoderConfig, ModelConfig
 from worker.kv_cache import KVCache, KVShape
 from worker.loader import load_weights
 from worker.models import build_model
+from worker.pooling import EmbedItem, PoolingConfig, check_item, finish, pool
 from worker.sampler import Sampler
 
 log = logging.getLogger(__name__)
@@ -21,7 +23,7 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_dtype(name: str, cfg: ModelConfig) -> torch.dtype:
+def resolve_dtype(name: str, cfg: ModelConfig | EncoderConfig) -> torch.dtype:
     """`auto` takes the checkpoint's dtype when it is a half type, else float32."""
     if name == "auto":
         name = cfg.torch_dtype if cfg.torch_dtype in ("bfloat16", "float16") else "float32"
@@ -37,6 +39,10 @@ def default_threads() -> None:
 
 
 class ModelRunner:
+    """A decoder: generates on paged KV memory; also embeds (last-token pooling by default)."""
+
+    kind = "generate"
+
     def __init__(self, model_path: Path, *, block_size: int, num_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, dtype: str = "float32",
                  device: str = "cpu", max_model_len: int | None = None, seed: int = 0,
@@ -52,6 +58,8 @@ class ModelRunner:
         self.max_model_len = _max_model_len(max_model_len, cfg)
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = list(cfg.eos_token_ids)
+        self.embedding_size = cfg.hidden_size
+        self.pooling = PoolingConfig.from_dir(Path(model_path), PoolingConfig("last", True))
         shape = KVShape(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
         self.num_blocks = _num_blocks(num_blocks, kv_cache_memory_bytes, shape)
         self.backend = get_backend(attention_backend)
@@ -95,6 +103,21 @@ class ModelRunner:
         if not all_tokens:
             hidden = hidden[torch.tensor(batch.last_rows, device=self.device)]
         return self.model.compute_logits(hidden).float()
+
+    @torch.inference_mode()
+    def embed(self, items: list[EmbedItem]) -> list[list[float]]:
+        """Whole prompts in one causal pass that keeps nothing in the KV cache."""
+        if not items:
+            return []
+        for item in items:
+            if (error := check_item(item, self.vocab_size, self.max_model_len,
+                                    self.embedding_size)):
+                raise ValueError(f"request {item.request_id}: {error}")
+        lens = [len(item.token_ids) for item in items]
+        ids = torch.tensor([t for item in items for t in item.token_ids], device=self.device)
+        plan = dense_plan(lens, True, self.device, self.config.sliding_window)
+        hidden = self.model(ids, seq_positions(lens, self.device), plan)
+        return finish(pool(hidden, lens, self.pooling.mode), items, self.pooling.normalize)
 
     def _forward(self, chunks: list[SeqChunk]) -> tuple[StepBatch, torch.Tensor]:
         batch = prepare_batch(chunks, self.limits, self.device, self.config.sliding_window)
