@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,13 +21,25 @@ class SeqChunk:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # 0 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1 = off
     # Per-request seed; the generator is derived per position (seed, start_pos + len) so the
     # same request recomputed elsewhere samples the same tokens.
     seed: int | None = None
+    logprobs: int = -1  # -1: none; N >= 0: the sampled token's logprob and the top N
+    # The sequence to date (prompt, then output) and where the prompt ends; read only when a
+    # penalty is set. The executor passes its own list: no copy per step.
+    all_token_ids: Sequence[int] = ()
+    num_prompt_tokens: int = 0
 
     @property
     def end_pos(self) -> int:
         return self.start_pos + len(self.token_ids)
+
+
+MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,15 @@ def prepare_batch(chunks: list[SeqChunk], limits: BatchLimits, device: torch.dev
     )
 
 
+def check_chunk(chunk: SeqChunk, limits: BatchLimits) -> str | None:
+    """Why this chunk cannot run, or None; lets the caller fail one request, not the step."""
+    try:
+        _check(chunk, limits)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 def _check(chunk: SeqChunk, limits: BatchLimits) -> list[int]:
     """Validate one chunk; return the part of its block table its context needs."""
     who = f"request {chunk.request_id}"
@@ -115,9 +138,17 @@ def _check(chunk: SeqChunk, limits: BatchLimits) -> list[int]:
 
 
 def _check_sampling(chunk: SeqChunk, who: str) -> None:
-    if chunk.temperature < 0:
+    if not 0 <= chunk.temperature < math.inf:
         raise ValueError(f"{who}: temperature must be >= 0")
     if not 0 < chunk.top_p <= 1:
         raise ValueError(f"{who}: top_p must be in (0, 1]")
     if chunk.top_k < 0:
         raise ValueError(f"{who}: top_k must be >= 0")
+    if not 0 <= chunk.min_p <= 1:
+        raise ValueError(f"{who}: min_p must be in [0, 1]")
+    if not 0 < chunk.repetition_penalty < math.inf:
+        raise ValueError(f"{who}: repetition_penalty must be > 0")
+    if not (math.isfinite(chunk.presence_penalty) and math.isfinite(chunk.frequency_penalty)):
+        raise ValueError(f"{who}: presence and frequency penalties must be finite")
+    if chunk.logprobs > MAX_LOGPROBS:
+        raise ValueError(f"{who}: at most {MAX_LOGPROBS} logprobs, got {chunk.logprobs}")

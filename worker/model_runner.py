@@ -16,7 +16,7 @@ from worker.kv_cache import KVCache, KVShape
 from worker.loader import load_weights
 from worker.models import build_model
 from worker.pooling import EmbedItem, PoolingConfig, check_item, finish, pool
-from worker.sampler import Sampler
+from worker.sampler import Sample, Sampler
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ class ModelRunner:
         self.pooling = PoolingConfig.from_dir(Path(model_path), PoolingConfig("last", True))
         shape = KVShape(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
         self.num_blocks = _num_blocks(num_blocks, kv_cache_memory_bytes, shape)
-        self.backend = get_backend(attention_backend)
+        self.backend = get_backend(attention_backend, dtype=self.dtype, block_size=block_size,
+                                   device=self.device)
 
         self.model = build_model(cfg, self.backend, self.max_model_len, self.dtype, self.device)
         load_weights(self.model, Path(model_path), progress=progress)
@@ -78,19 +79,22 @@ class ModelRunner:
                  block_size, self.num_blocks * shape.bytes_per_block() / 2**20)
 
     @torch.inference_mode()
-    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
-        """One forward pass for the whole batch; a token for each chunk with sample=True."""
+    def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
+        """One forward pass for the whole batch; a Sample for each chunk with sample=True.
+
+        The chunks must be valid (`batch.check_chunk`); the executor drops bad ones first.
+        """
         if not chunks:
             return []
         batch, hidden = self._forward(chunks)
         sampling = [i for i, c in enumerate(chunks) if c.sample]
-        out: list[int | None] = [None] * len(chunks)
+        out: list[Sample | None] = [None] * len(chunks)
         if sampling:
             rows = torch.tensor([batch.last_rows[i] for i in sampling], device=self.device)
             logits = self.model.compute_logits(hidden[rows])
-            tokens = self.sampler(logits, [chunks[i] for i in sampling])
-            for i, token in zip(sampling, tokens, strict=True):
-                out[i] = token
+            samples = self.sampler(logits, [chunks[i] for i in sampling])
+            for i, sample in zip(sampling, samples, strict=True):
+                out[i] = sample
         return out
 
     @torch.inference_mode()

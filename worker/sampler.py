@@ -1,12 +1,34 @@
-"""Next-token sampling per request: greedy, temperature, top-k, top-p, per-position seeds."""
+"""Next-token sampling for a batch of requests, each with its own parameters, in tensor ops.
+
+Order, as in vLLM: raw logprobs (if asked) -> penalties -> greedy argmax, or temperature ->
+min-p -> top-k -> top-p -> draw. Logprobs are the model's raw log-softmax, before penalties,
+temperature and filtering (vLLM's default `raw_logprobs` mode), so they describe the model, not
+the sampling settings. A row whose logits hold NaN or inf fails alone.
+"""
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import torch
 
 from worker.batch import SeqChunk
+from worker.penalties import apply_penalties
+
+
+@dataclass
+class TokenLogprobs:
+    logprob: float  # of the sampled token
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass
+class Sample:
+    token_id: int = -1
+    logprobs: TokenLogprobs | None = None
+    error: str | None = None  # set: this request failed; token_id means nothing
 
 
 def position_generator(seed: int, position: int) -> torch.Generator:
@@ -18,20 +40,31 @@ def position_generator(seed: int, position: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
-def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int,
-                   top_p: float) -> torch.Tensor:
-    """[V] float32 logits -> probabilities after temperature, top-k and top-p."""
-    logits = logits / temperature
-    if 0 < top_k < logits.numel():
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        # drop a token once the tokens before it already reach top_p (the first always stays)
-        drop = sorted_probs.cumsum(0) - sorted_probs >= top_p
-        probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
-    return probs
+def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                  min_p: torch.Tensor) -> torch.Tensor:
+    """[n, V] temperature-scaled logits -> the same with filtered-out tokens at -inf.
+
+    Per row: min_p (0 = off), top_k (0 = off; ties with the k-th value stay), top_p (1 = off;
+    the most likely token always stays).
+    """
+    if bool((min_p > 0).any()):
+        probs = torch.softmax(logits, dim=-1)
+        floor = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    use_k, use_p = bool((top_k > 0).any()), bool((top_p < 1).any())
+    if not (use_k or use_p):
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    if use_k:
+        k = torch.where(top_k > 0, top_k, logits.shape[1]).clamp(max=logits.shape[1])
+        kth = sorted_logits.gather(1, (k - 1).unsqueeze(1))
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    if use_p:
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token once the tokens before it already reach top_p
+        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p.unsqueeze(1)
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
 class Sampler:
@@ -39,17 +72,63 @@ class Sampler:
         # Requests without a seed draw from one worker-wide stream.
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, chunks: list[SeqChunk]) -> list[int]:
-        """logits [N, V] (one row per sampling chunk) -> one token id per row."""
-        logits = logits.float().cpu()
-        greedy = logits.argmax(dim=-1).tolist()
-        tokens: list[int] = []
-        for row, chunk in enumerate(chunks):
-            if chunk.temperature <= 0 or chunk.top_k == 1:
-                tokens.append(greedy[row])
-                continue
-            probs = filtered_probs(logits[row], chunk.temperature, chunk.top_k, chunk.top_p)
-            gen = (position_generator(chunk.seed, chunk.end_pos) if chunk.seed is not None
-                   else self.generator)
-            tokens.append(int(torch.multinomial(probs, 1, generator=gen)))
-        return tokens
+    def __call__(self, logits: torch.Tensor, chunks: list[SeqChunk]) -> list[Sample]:
+        """logits [N, V] (one row per sampling chunk) -> one Sample per row."""
+        logits = logits.float()
+        finite = torch.isfinite(logits).all(dim=-1)
+        failed = set((~finite).nonzero().flatten().tolist())
+        if failed:
+            logits = logits.masked_fill(~finite.unsqueeze(1), 0.0)  # keep the rest well-defined
+        want = [i for i, c in enumerate(chunks) if c.logprobs >= 0 and i not in failed]
+        raw = torch.log_softmax(logits[want], dim=-1) if want else None
+        logits = apply_penalties(logits, chunks)
+        tokens = self._draw(logits, chunks).tolist()
+        samples = [Sample(token) for token in tokens]
+        if raw is not None:
+            for row, lp in zip(want, _logprobs(raw, [tokens[i] for i in want],
+                                               [chunks[i].logprobs for i in want]), strict=True):
+                samples[row].logprobs = lp
+        for row in failed:
+            samples[row] = Sample(error="the model produced NaN or infinite logits")
+        return samples
+
+    def _draw(self, logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tensor:
+        tokens = logits.argmax(dim=-1)
+        rows = [i for i, c in enumerate(chunks) if c.temperature > 0 and c.top_k != 1]
+        if not rows:
+            return tokens.cpu()
+        device = logits.device
+        picked = [chunks[i] for i in rows]
+
+        def column(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        scaled = logits[rows] / column([c.temperature for c in picked], torch.float32)[:, None]
+        filtered = filter_logits(scaled, column([c.top_k for c in picked], torch.long),
+                                 column([c.top_p for c in picked], torch.float32),
+                                 column([c.min_p for c in picked], torch.float32))
+        probs = torch.softmax(filtered, dim=-1)
+        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, one noise row per request.
+        noise = self._noise(picked, probs.shape[1]).to(device)
+        tokens[rows] = (probs / noise).argmax(dim=-1)
+        return tokens.cpu()
+
+    def _noise(self, chunks: list[SeqChunk], vocab: int) -> torch.Tensor:
+        noise = torch.empty(len(chunks), vocab)
+        unseeded = [i for i, c in enumerate(chunks) if c.seed is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), vocab).exponential_(
+                generator=self.generator)
+        for i, chunk in enumerate(chunks):
+            if chunk.seed is not None:
+                noise[i].exponential_(generator=position_generator(chunk.seed, chunk.end_pos))
+        return noise
+
+
+def _logprobs(raw: torch.Tensor, tokens: list[int], counts: list[int]) -> list[TokenLogprobs]:
+    chosen = raw.gather(1, torch.tensor(tokens, device=raw.device).unsqueeze(1)).flatten()
+    top_n = max(counts)
+    top_vals, top_ids = raw.topk(top_n, dim=-1) if top_n else (raw[:, :0], raw[:, :0].long())
+    chosen_l, vals_l, ids_l = chosen.tolist(), top_vals.tolist(), top_ids.tolist()
+    return [TokenLogprobs(chosen_l[r], ids_l[r][:n], vals_l[r][:n])
+            for r, n in enumerate(counts)]

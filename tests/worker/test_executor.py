@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from protos import worker_pb2
-from worker.batch import SeqChunk
+import pytest
+
+from protos import frontend_pb2, worker_pb2
+from worker.batch import BatchLimits, SeqChunk
 from worker.executor import Executor
+from worker.sampler import Sample, TokenLogprobs
 
 
 class RecordingRunner:
@@ -105,3 +108,125 @@ def test_reset_forgets_everything():
         new_request("a", list(range(4)), [3], 0, 4, written=[bh(3, b"x")])]))
     ex.reset()
     assert ex.seqs == {} and ex.provenance == {}
+
+
+# ---- same-step sharing, per-request failures ---------------------------------------------
+
+class LimitedRunner(RecordingRunner):
+    """With limits, so the executor validates each chunk; can fail chosen requests' samples."""
+
+    limits = BatchLimits(block_size=4, num_blocks=16, vocab_size=100, max_model_len=64)
+
+    def __init__(self, fail: frozenset[str] = frozenset()) -> None:
+        super().__init__()
+        self.fail = fail
+
+    def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
+        tokens = super().execute(chunks)
+        return [None if t is None else
+                Sample(error="the model produced NaN or infinite logits")
+                if c.request_id in self.fail else
+                Sample(t, TokenLogprobs(-0.5, [t, 1], [-0.5, -2.0]) if c.logprobs >= 0 else None)
+                for c, t in zip(chunks, tokens, strict=True)]
+
+
+def test_a_block_written_in_the_same_step_may_be_claimed():
+    runner = LimitedRunner()
+    ex = Executor(runner)
+    result = ex.step(worker_pb2.Plan(new_requests=[
+        new_request("a", list(range(6)), [3, 4], 0, 6, written=[bh(3, b"x")]),
+        new_request("b", list(range(4)) + [9, 9], [3, 5], 4, 2, claimed=[bh(3, b"x")])]))
+    assert not result.stale_request_ids and not result.errors
+    assert [s.request_id for s in result.sampled] == ["a", "b"]
+    assert [c.request_id for c in runner.calls[0]] == ["a", "b"], "one forward pass"
+    assert ex.provenance == {3: b"x"}
+
+
+def test_a_same_step_claim_with_another_hash_is_stale():
+    ex = Executor(LimitedRunner())
+    result = ex.step(worker_pb2.Plan(new_requests=[
+        new_request("a", list(range(6)), [3, 4], 0, 6, written=[bh(3, b"x")]),
+        new_request("b", list(range(6)), [3, 5], 4, 2, claimed=[bh(3, b"y")])]))
+    assert list(result.stale_request_ids) == ["b"]
+    assert [s.request_id for s in result.sampled] == ["a"]
+
+
+def test_a_bad_request_fails_alone_and_its_readers_are_recomputed():
+    runner = LimitedRunner()
+    ex = Executor(runner)
+    result = ex.step(worker_pb2.Plan(new_requests=[
+        new_request("ok", [1, 2, 3], [0], 0, 3),
+        new_request("bad", [1, 2, 3, 100], [3], 0, 4, written=[bh(3, b"x")]),
+        new_request("reader", [1, 2, 3, 100, 7], [3, 6], 4, 1, claimed=[bh(3, b"x")]),
+        new_request("long", [1] * 65, list(range(7, 16)) + [1] * 8, 0, 65)]))
+    errors = {e.request_id: e.message for e in result.errors}
+    assert sorted(errors) == ["bad", "long"]
+    assert "vocabulary" in errors["bad"] and "max_model_len" in errors["long"]
+    assert list(result.stale_request_ids) == ["reader"], "it would read a block never written"
+    assert 3 in result.removed_block_ids
+    assert [s.request_id for s in result.sampled] == ["ok"]
+    assert [c.request_id for c in runner.calls[0]] == ["ok"]
+    assert not result.stored and ex.provenance == {}
+    assert set(ex.seqs) == {"ok"}
+
+
+def test_nan_logits_end_that_request_only():
+    ex = Executor(LimitedRunner(fail=frozenset({"b"})))
+    result = ex.step(worker_pb2.Plan(new_requests=[
+        new_request("a", [1, 2, 3, 4], [1], 0, 4, written=[bh(1, b"a")]),
+        new_request("b", [5, 6, 7, 8], [2], 0, 4, written=[bh(2, b"b")])]))
+    assert [(e.request_id, "NaN" in e.message) for e in result.errors] == [("b", True)]
+    assert [s.request_id for s in result.sampled] == ["a"]
+    assert [b.block_id for b in result.stored] == [1]
+    assert "b" not in ex.seqs
+
+
+def test_sampling_params_reach_the_chunk():
+    runner = LimitedRunner()
+    ex = Executor(runner)
+    sp = frontend_pb2.SamplingParams(temperature=0.7, top_k=5, min_p=0.1, presence_penalty=0.5,
+                                     frequency_penalty=0.25, repetition_penalty=1.2, seed=11,
+                                     logprobs=2)
+    req = new_request("a", [1, 2, 3], [0], 0, 3)
+    req.sampling.CopyFrom(sp)
+    result = ex.step(worker_pb2.Plan(new_requests=[req]))
+    c = runner.calls[0][0]
+    assert (c.temperature, c.top_k, c.top_p, c.seed, c.logprobs) == (
+        pytest.approx(0.7), 5, 1.0, 11, 2)
+    assert (c.min_p, c.presence_penalty, c.frequency_penalty, c.repetition_penalty) == (
+        pytest.approx(0.1), 0.5, 0.25, pytest.approx(1.2))
+    lp = result.sampled[0].logprob
+    assert (lp.token_id, lp.logprob) == (3, -0.5)
+    assert [(t.token_id, t.logprob) for t in lp.top] == [(3, -0.5), (1, -2.0)]
+    # proto3 zeros mean "off": an unset top_p / repetition_penalty must not filter everything
+    plain = new_request("p", [1], [1], 0, 1)
+    ex.step(worker_pb2.Plan(new_requests=[plain]))
+    c = runner.calls[1][0]
+    assert (c.top_p, c.repetition_penalty, c.seed) == (1.0, 1.0, None)
+
+
+def test_prompt_and_output_stay_apart_across_preemption():
+    runner = LimitedRunner()
+    ex = Executor(runner)
+    ex.step(worker_pb2.Plan(new_requests=[new_request("a", [1, 2, 3, 4], [0, 1], 0, 4)]))
+    cont = worker_pb2.ContinueRequest(request_id="a", num_computed_tokens=4,
+                                      num_scheduled_tokens=1)
+    ex.step(worker_pb2.Plan(continuing=[cont]))
+    assert ex.seqs["a"].token_ids == [1, 2, 3, 4, 4, 5]
+    # Preempted, then back with every token to date: 4 prompt tokens, 2 outputs.
+    back = new_request("a", [1, 2, 3, 4, 4, 5], [6, 7], 0, 6)
+    back.num_prompt_tokens = 4
+    ex.step(worker_pb2.Plan(dropped_request_ids=["a"], new_requests=[back]))
+    chunk = runner.calls[-1][0]
+    assert chunk.num_prompt_tokens == 4
+    assert list(chunk.all_token_ids[:4]) == [1, 2, 3, 4]
+    assert list(chunk.all_token_ids[4:chunk.end_pos]) == [4, 5]
+
+
+def test_embedding_request_on_a_generating_stand_in_fails_alone():
+    ex = Executor(RecordingRunner())
+    req = new_request("e", [1, 2], [], 0, 2)
+    req.embed.CopyFrom(worker_pb2.EmbedParams(normalize=True))
+    result = ex.step(worker_pb2.Plan(new_requests=[req, new_request("g", [1, 2], [0], 0, 2)]))
+    assert [(e.request_id, "embeddings" in e.message) for e in result.errors] == [("e", True)]
+    assert [s.request_id for s in result.sampled] == ["g"]

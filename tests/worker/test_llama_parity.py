@@ -34,8 +34,9 @@ def greedy(runner: ModelRunner, prompt: list[int], steps: int) -> list[int]:
     out: list[int] = []
     chunk = SeqChunk("g", list(prompt), 0, table, True)
     for _ in range(steps):
-        (token,) = runner.execute([chunk])
-        assert token is not None
+        (sample,) = runner.execute([chunk])
+        assert sample is not None and sample.error is None
+        token = sample.token_id
         out.append(token)
         chunk = SeqChunk("g", [token], len(tokens), table, True)
         tokens.append(token)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import ModelConfig, UnsupportedModelError
+from worker.config import EncoderConfig, ModelConfig, UnsupportedModelError, is_encoder
 
 BASE = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 100,
@@ -82,7 +82,8 @@ def test_eos_ids_from_list_and_generation_config(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"architectures": ["BertModel"], "model_type": "bert"}, "unsupported architecture BertModel"),
+    ({"architectures": ["BertModel"], "model_type": "bert"}, "BertModel is an encoder"),
+    ({"architectures": ["GPT2LMHeadModel"]}, "unsupported architecture GPT2LMHeadModel"),
     ({"architectures": []}, "model_type 'llama'"),
     ({"hidden_act": "gelu"}, "activation"),
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "RoPE type 'dynamic'"),
@@ -93,3 +94,29 @@ def test_eos_ids_from_list_and_generation_config(tmp_path: Path) -> None:
 def test_refuses_clearly(overrides: dict, message: str) -> None:
     with pytest.raises(UnsupportedModelError, match=message):
         cfg(**overrides)
+
+
+BERT = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 100,
+        "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "max_position_embeddings": 64, "hidden_act": "gelu"}
+
+
+def test_encoder_config_and_kind(tmp_path: Path) -> None:
+    enc = EncoderConfig.from_dict(BERT, max_seq_length=32)
+    assert (enc.head_dim, enc.layer_norm_eps, enc.type_vocab_size) == (12, 1e-12, 2)
+    assert enc.max_seq_length == 32
+    (tmp_path / "config.json").write_text(json.dumps(BERT))
+    assert is_encoder(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(BASE))
+    assert not is_encoder(tmp_path)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"architectures": ["LlamaForCausalLM"]}, "is a decoder"),
+    ({"hidden_act": "swish"}, "activation 'swish'"),
+    ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
+    ({"num_attention_heads": 5}, "multiple of 5"),
+])
+def test_encoder_refuses_clearly(overrides: dict, message: str) -> None:
+    with pytest.raises(UnsupportedModelError, match=message):
+        EncoderConfig.from_dict({**BERT, **overrides})

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.worker.helpers import make_runner, random_tokens
-from worker.batch import SeqChunk
+from worker.batch import BatchLimits, SeqChunk, check_chunk
 from worker.model_runner import ModelRunner
 
 
@@ -33,7 +33,9 @@ def test_one_token_per_sampling_chunk(llama: Path) -> None:
     out = runner.execute([SeqChunk("a", [1, 2, 3], 0, [0], False),
                           SeqChunk("b", [4, 5], 0, [1], True),
                           SeqChunk("c", [6], 0, [2], True, temperature=0.8, seed=1)])
-    assert out[0] is None and isinstance(out[1], int) and isinstance(out[2], int)
+    assert out[0] is None
+    assert all(isinstance(s.token_id, int) and s.error is None for s in out[1:])
+    assert out[1].logprobs is None  # not asked for
     assert runner.execute([]) == []
 
 
@@ -46,7 +48,10 @@ def test_seeded_sampling_survives_recompute(llama: Path) -> None:
     second = make_runner(llama, seed=2)
     b = second.execute([SeqChunk("o", [7, 7], 0, [0], True, temperature=1.0),
                         SeqChunk("r", prompt, 0, [5, 6], True, temperature=1.0, seed=9)])
-    assert a[0] == b[1]
+    assert a[0].token_id == b[1].token_id
+
+
+LIMITS = BatchLimits(block_size=16, num_blocks=32, vocab_size=256, max_model_len=256)
 
 
 @pytest.mark.parametrize(("chunk", "message"), [
@@ -58,13 +63,22 @@ def test_seeded_sampling_survives_recompute(llama: Path) -> None:
     (SeqChunk("r", [1], 300, list(range(20)), True), "max_model_len"),
     (SeqChunk("r", [1], 0, [0], True, top_p=0.0), "top_p"),
     (SeqChunk("r", [1], 0, [0], True, temperature=-1.0), "temperature"),
+    (SeqChunk("r", [1], 0, [0], True, min_p=1.5), "min_p"),
+    (SeqChunk("r", [1], 0, [0], True, repetition_penalty=0.0), "repetition_penalty"),
+    (SeqChunk("r", [1], 0, [0], True, frequency_penalty=float("nan")), "finite"),
+    (SeqChunk("r", [1], 0, [0], True, logprobs=21), "at most 20 logprobs"),
 ])
-def test_bad_chunks_are_refused_naming_the_request(llama: Path, chunk: SeqChunk,
-                                                   message: str) -> None:
+def test_bad_chunks_are_named(chunk: SeqChunk, message: str) -> None:
+    error = check_chunk(chunk, LIMITS)
+    assert error is not None and message in error and "request r" in error
+    assert check_chunk(SeqChunk("ok", [1], 0, [1], True), LIMITS) is None
+
+
+def test_runner_refuses_a_bad_batch_before_compute(llama: Path) -> None:
+    """The executor drops bad chunks first; the runner itself never computes a bad one."""
     runner = make_runner(llama, num_blocks=32)
-    with pytest.raises(ValueError, match=message) as err:
-        runner.execute([SeqChunk("ok", [1], 0, [1], True), chunk])
-    assert "request r" in str(err.value)
+    with pytest.raises(ValueError, match="request r: token id outside"):
+        runner.execute([SeqChunk("ok", [1], 0, [1], True), SeqChunk("r", [256], 0, [0], True)])
 
 
 def test_refusals_before_memory(llama: Path) -> None:

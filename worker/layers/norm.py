@@ -1,4 +1,4 @@
-"""RMSNorm as Llama computes it (in float32, scaled by the weight in the model's dtype); LayerNorm."""
+"""RMSNorm as Llama computes it (float32, scaled by the weight in the model dtype); LayerNorm."""
 
 from __future__ import annotations
 

@@ -1,0 +1,156 @@
+"""The flash_attn adapter, run against a torch stand-in of flash-attn's documented semantics,
+equals the torch backend; and it refuses clearly what upstream flash-attn cannot run.
+
+No GPU here: the stand-in module is injected as `flash_attn`, and the adapter is constructed
+directly (`FlashAttention()`), which skips `check_flash_attn` — the explicit seam that lets it
+run in fp32 on CPU, so the comparison with the torch backend is exact to 1e-5.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.worker import flash_attn_standin as standin
+from tests.worker.helpers import make_runner, random_tokens
+from worker.attention import flash_attn_backend as fa
+from worker.attention import get_backend
+from worker.attention.base import AttentionBackend
+from worker.attention.flash_attn_backend import FlashAttention, FlashAttnUnsupported
+from worker.attention.torch_backend import TorchAttention
+from worker.batch import SeqChunk
+from worker.model_runner import ModelRunner
+
+BS = 16
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture
+def flash_attn(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(sys.modules, "flash_attn", standin.module())
+    monkeypatch.setattr(standin, "calls", {"varlen": 0, "kvcache": 0})
+    return standin
+
+
+def use_backend(runner: ModelRunner, backend: AttentionBackend) -> ModelRunner:
+    runner.backend = backend
+    for layer in runner.model.attention_layers():
+        layer.backend = backend
+    return runner
+
+
+def test_standin_follows_the_documented_masks() -> None:
+    """The docstring's examples: causal, aligned to the bottom-right corner."""
+    assert standin.visibility(2, 5, True, (-1, -1)).int().tolist() == [[1, 1, 1, 1, 0],
+                                                                      [1, 1, 1, 1, 1]]
+    assert standin.visibility(5, 2, True, (-1, -1)).int().tolist() == [
+        [0, 0], [0, 0], [0, 0], [1, 0], [1, 1]]
+    q, k = torch.randn(5, 2, 8), torch.randn(2, 1, 8)
+    out = standin.attend(q, k, k, 1.0, True, (-1, -1))
+    assert torch.equal(out[:3], torch.zeros(3, 2, 8)), "rows with nothing visible are zero"
+    # window (1, 0) around i + sk - sq: query 1 of (2 queries, 5 keys) sees keys 3 and 4
+    assert standin.visibility(2, 5, True, (1, 0))[1].nonzero().flatten().tolist() == [3, 4]
+
+
+def run_mixed(runner: ModelRunner) -> torch.Tensor:
+    """A decode-only step, then one mixed step: a fresh prefill, a chunk over a cached prefix,
+    two decodes of different lengths, and a request hitting a block written in this step."""
+    bs = runner.block_size
+    prompts = {name: random_tokens(n, 256, seed=60 + i) for i, (name, n) in
+               enumerate([("p", 20), ("c", 45), ("d1", 30), ("d2", 3), ("s", 20)])}
+    prompts["s"] = prompts["p"][:bs] + prompts["s"]  # shares p's first block
+    tables: dict[str, list[int]] = {}
+    free = iter(range(runner.num_blocks))
+    for name in ("p", "c", "d1", "d2", "s"):
+        tables[name] = [next(free) for _ in range(-(-len(prompts[name]) // bs))]
+    tables["s"][0] = tables["p"][0]
+    prior = {"c": 29, "d1": 28, "d2": 1}
+    runner.execute([SeqChunk(n, prompts[n][:k], 0, tables[n], False) for n, k in prior.items()])
+    decodes = runner.logits_for([SeqChunk(n, [prompts[n][k]], k, tables[n], True)
+                                 for n, k in (("d1", 28), ("d2", 1))])
+    mixed = [SeqChunk("d1", prompts["d1"][29:], 29, tables["d1"], True),
+             SeqChunk("p", prompts["p"], 0, tables["p"], True),
+             SeqChunk("c", prompts["c"][29:], 29, tables["c"], True),
+             SeqChunk("d2", prompts["d2"][2:], 2, tables["d2"], True),
+             # same-step sharing: reads p's first block, which p writes in this very step
+             SeqChunk("s", prompts["s"][bs:], bs, tables["s"], True)]
+    return torch.cat([decodes, runner.logits_for(mixed, all_tokens=True)])
+
+
+@pytest.mark.parametrize(("name", "block_size"), [("llama", BS), ("mistral_window", 8)])
+def test_adapter_equals_torch_backend(flash_attn, hf_checkpoint, name: str,
+                                      block_size: int) -> None:
+    path: Path = hf_checkpoint(name)
+    expected = run_mixed(make_runner(path, num_blocks=24, block_size=block_size))
+    flash = use_backend(make_runner(path, num_blocks=24, block_size=block_size),
+                        FlashAttention())
+    got = run_mixed(flash)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert flash_attn.calls["kvcache"] > 0 and flash_attn.calls["varlen"] > 0
+
+
+def test_block_size_256_and_bfloat16(flash_attn, tiny_llama_dir: Path) -> None:
+    """The block size upstream needs and a dtype it runs (the stand-in computes in fp32)."""
+    tokens = random_tokens(300, 30522, seed=70)
+    chunks = [SeqChunk("a", tokens[:260], 0, [1, 0], False),
+              SeqChunk("b", tokens[:40], 0, [2], True)]
+    follow = [SeqChunk("a", tokens[260:], 260, [1, 0], True),
+              SeqChunk("b", tokens[40:41], 40, [2], True)]
+
+    def logits(runner: ModelRunner) -> torch.Tensor:
+        runner.execute(chunks)
+        return runner.logits_for(follow, all_tokens=True)
+
+    def runner() -> ModelRunner:
+        return make_runner(tiny_llama_dir, num_blocks=3, block_size=256, dtype="bfloat16")
+
+    expected = logits(runner())
+    got = logits(use_backend(runner(), FlashAttention()))
+    cosine = torch.nn.functional.cosine_similarity(got, expected)
+    assert cosine.min().item() > 0.999, cosine
+
+
+# ---- refusals and the choice of backend ------------------------------------------------
+
+def test_refuses_without_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # import raises ImportError
+    with pytest.raises(FlashAttnUnsupported, match="needs the flash-attn package"):
+        get_backend("flash_attn", dtype=torch.bfloat16, block_size=256, device=CUDA)
+
+
+@pytest.mark.parametrize(("dtype", "block_size", "device", "capability", "message"), [
+    (torch.bfloat16, 256, torch.device("cpu"), (8, 0), "needs a CUDA device"),
+    (torch.bfloat16, 256, CUDA, (7, 5), r"Ampere or newer .* is 7\.5"),
+    (torch.float32, 256, CUDA, (8, 6), "float16 and bfloat16 only"),
+    (torch.float16, 16, CUDA, (9, 0), "divisible by 256, got 16"),
+])
+def test_refuses_what_upstream_cannot_run(flash_attn, monkeypatch: pytest.MonkeyPatch,
+                                          dtype, block_size, device, capability,
+                                          message: str) -> None:
+    monkeypatch.setattr(fa, "device_capability", lambda _device: capability)
+    with pytest.raises(FlashAttnUnsupported, match=message):
+        get_backend("flash_attn", dtype=dtype, block_size=block_size, device=device)
+
+
+def test_runner_refuses_before_taking_memory(flash_attn, hf_checkpoint) -> None:
+    with pytest.raises(FlashAttnUnsupported, match="CUDA"):
+        make_runner(hf_checkpoint("llama"), attention_backend="flash_attn")
+
+
+def test_auto_picks_flash_attn_only_where_it_runs(flash_attn,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fa, "device_capability", lambda _device: (8, 0))
+    cpu = get_backend("auto", dtype=torch.bfloat16, block_size=256)
+    assert isinstance(cpu, TorchAttention)
+    cuda = get_backend("auto", dtype=torch.bfloat16, block_size=256, device=CUDA)
+    assert isinstance(cuda, FlashAttention)
+    small_blocks = get_backend("auto", dtype=torch.bfloat16, block_size=16, device=CUDA)
+    assert isinstance(small_blocks, TorchAttention)
+    monkeypatch.setitem(sys.modules, "flash_attn", None)
+    assert isinstance(get_backend("auto", dtype=torch.bfloat16, block_size=256, device=CUDA),
+                      TorchAttention)
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        get_backend("xformers")

@@ -1,0 +1,78 @@
+"""EmbeddingRunner: a BERT-family encoder and its pooling; no KV memory, no sampler.
+
+Built with the same arguments as `ModelRunner`, so the worker can construct either one; the
+KV-sizing and attention-backend arguments are accepted and unused (nothing is cached).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from worker.attention.dense import dense_plan, seq_positions
+from worker.batch import BatchLimits
+from worker.config import EncoderConfig
+from worker.loader import load_weights
+from worker.model_runner import default_threads, resolve_dtype
+from worker.models import build_encoder
+from worker.pooling import EmbedItem, PoolingConfig, check_item, finish, pool
+
+log = logging.getLogger(__name__)
+
+# vLLM's default for BERT-family models without a sentence-transformers pipeline.
+DEFAULT_POOLING = PoolingConfig("cls", True)
+
+
+class EmbeddingRunner:
+    kind = "embed"
+
+    def __init__(self, model_path: Path, *, block_size: int = 16, num_blocks: int | None = None,
+                 kv_cache_memory_bytes: int | None = None, dtype: str = "float32",
+                 device: str = "cpu", max_model_len: int | None = None, seed: int = 0,
+                 attention_backend: str = "torch", progress: bool = True) -> None:
+        default_threads()
+        self.config = cfg = EncoderConfig.from_dir(Path(model_path))
+        self.pooling = PoolingConfig.from_dir(Path(model_path), DEFAULT_POOLING)
+        self.dtype = resolve_dtype(dtype, cfg)
+        self.device = torch.device(device)
+        if block_size < 1:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size  # only reported: the scheduler's no-KV ledger needs one
+        self.num_blocks = 0
+        self.max_model_len = _max_model_len(max_model_len, cfg)
+        self.vocab_size = cfg.vocab_size
+        self.eos_token_ids: list[int] = []
+        self.embedding_size = cfg.hidden_size
+        self.limits = BatchLimits(block_size, 0, self.vocab_size, self.max_model_len)
+        self.model = build_encoder(cfg, self.dtype, self.device)
+        load_weights(self.model, Path(model_path), progress=progress)
+        log.info("model %s: %s, %d layers, %s, %s pooling%s, max %d tokens", model_path,
+                 cfg.architecture, cfg.num_layers, self.dtype, self.pooling.mode,
+                 " + normalize" if self.pooling.normalize else "", self.max_model_len)
+
+    @torch.inference_mode()
+    def embed(self, items: list[EmbedItem]) -> list[list[float]]:
+        """One bidirectional pass over the whole batch; a vector per item."""
+        if not items:
+            return []
+        for item in items:
+            if (error := check_item(item, self.vocab_size, self.max_model_len,
+                                    self.embedding_size)):
+                raise ValueError(f"request {item.request_id}: {error}")
+        lens = [len(item.token_ids) for item in items]
+        ids = torch.tensor([t for item in items for t in item.token_ids], device=self.device)
+        hidden = self.model(ids, seq_positions(lens, self.device),
+                            dense_plan(lens, False, self.device))
+        return finish(pool(hidden, lens, self.pooling.mode), items, self.pooling.normalize)
+
+
+def _max_model_len(requested: int | None, cfg: EncoderConfig) -> int:
+    """Default: the positions the model has, capped by sentence-transformers' max_seq_length."""
+    if requested is None:
+        return min(cfg.max_position_embeddings, cfg.max_seq_length or cfg.max_position_embeddings)
+    if not 0 < requested <= cfg.max_position_embeddings:
+        raise ValueError(f"max_model_len {requested} must be in [1, "
+                         f"{cfg.max_position_embeddings}] (the model's max_position_embeddings)")
+    return requested

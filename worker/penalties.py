@@ -1,0 +1,63 @@
+"""Repetition, frequency and presence penalties, per request, on a batch of logits.
+
+- repetition (Hugging Face / CTRL semantics): every token seen in the prompt or the output so
+  far has its logit divided by the penalty when positive, multiplied when negative;
+- frequency and presence (OpenAI semantics), over output tokens only:
+  logit -= frequency * count + presence * (count > 0).
+
+The prompt/output split comes from the chunk (`num_prompt_tokens`), which the executor keeps
+across preemption, so a recomputed request is penalized exactly as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from worker.batch import SeqChunk
+
+
+def has_penalties(chunk: SeqChunk) -> bool:
+    return (chunk.repetition_penalty != 1.0 or chunk.frequency_penalty != 0.0
+            or chunk.presence_penalty != 0.0)
+
+
+def apply_penalties(logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tensor:
+    """logits [N, V] float32, one row per chunk -> a penalized copy (or `logits` itself)."""
+    rows = [i for i, c in enumerate(chunks) if has_penalties(c)]
+    if not rows:
+        return logits
+    picked = [chunks[i] for i in rows]
+    num_rows, vocab = len(rows), logits.shape[1]
+    device = logits.device
+    prompt = _padded([c.all_token_ids[:c.num_prompt_tokens] for c in picked], vocab, device)
+    output = _padded([c.all_token_ids[c.num_prompt_tokens:c.end_pos] for c in picked], vocab,
+                     device)
+    # Column `vocab` collects the padding and is cut off.
+    counts = torch.zeros(num_rows, vocab + 1, device=device)
+    counts.scatter_add_(1, output, torch.ones_like(output, dtype=counts.dtype))
+    counts = counts[:, :vocab]
+    in_output = counts > 0
+    seen = torch.zeros(num_rows, vocab + 1, dtype=torch.bool, device=device)
+    seen.scatter_(1, prompt, True)
+    seen = seen[:, :vocab] | in_output
+
+    def column(name: str) -> torch.Tensor:
+        values = [float(getattr(c, name)) for c in picked]
+        return torch.tensor(values, device=device).unsqueeze(1)
+
+    sub = logits[rows]
+    repetition = column("repetition_penalty")
+    penalized = torch.where(sub > 0, sub / repetition, sub * repetition)
+    sub = torch.where(seen, penalized, sub)
+    sub = sub - column("frequency_penalty") * counts - column("presence_penalty") * in_output
+    out = logits.clone()
+    out[rows] = sub
+    return out
+
+
+def _padded(seqs: list[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
+    width = max((len(s) for s in seqs), default=0)
+    return torch.tensor([list(s) + [pad] * (width - len(s)) for s in seqs], dtype=torch.long,
+                        device=device).view(len(seqs), width)
