@@ -35,6 +35,7 @@ STARTUP_TIMEOUT_SECONDS = 600
 STOP_GRACE_SECONDS = 10
 MAX_RESTARTS_PER_MINUTE = 5
 _PR_SET_PDEATHSIG = 1
+EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 
 
 @dataclass
@@ -69,7 +70,21 @@ def _serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-workers", type=int,
                         default=int(os.environ.get("KVLEDGER_NUM_WORKERS", "1")),
                         help="workers started for --model [env KVLEDGER_NUM_WORKERS]")
+    parser.add_argument("--embedding-model",
+                        default=os.environ.get("KVLEDGER_EMBEDDING_MODEL", EMBEDDING_MODEL),
+                        help="model of the embedding worker, or 'none' to start none "
+                        "[env KVLEDGER_EMBEDDING_MODEL]")
     return parser
+
+
+def _embedding_worker_argv(args: argparse.Namespace, scheduler_addr: str, metrics_port: int,
+                           index: int) -> list[str]:
+    """The embedding worker shares the device settings, not the generative model's sizing."""
+    return ["--model", args.embedding_model, "--served-model-name", args.embedding_model,
+            "--dtype", args.dtype, "--device", args.device, "--seed", str(args.seed),
+            "--worker-auth-token", args.worker_auth_token, "--log-level", args.log_level,
+            "--scheduler", scheduler_addr, "--metrics-port", str(metrics_port),
+            "--worker-id", f"embed-{index}"]
 
 
 def _popen(module: str, argv: list[str]) -> subprocess.Popen:
@@ -159,15 +174,21 @@ def serve(argv: Sequence[str]) -> int:
                 "--scheduler", scheduler_addr, "--metrics-port", str(metrics_base + 1 + i),
                 "--worker-id", f"{args.worker_id or 'worker'}-{i}", "--served-model-name",
                 served_name]))
+        required = [served_name]
+        if args.embedding_model != "none":
+            port = metrics_base + 1 + args.num_workers
+            children.append(_spawn("embed-0", "worker", _embedding_worker_argv(
+                args, scheduler_addr, port, 0)))
+            required.append(args.embedding_model)
         children.append(_spawn("frontend", "server", to_argv(args, FRONTEND) + [
-            "--scheduler", scheduler_addr, "--require-model", served_name]))
+            "--scheduler", scheduler_addr] + [a for m in required for a in ("--require-model", m)]))
         host = "localhost" if args.host in ("0.0.0.0", "127.0.0.1") else args.host
         url = f"http://{host}:{args.port}"
         if not _wait_healthy(f"http://127.0.0.1:{args.port}" if host == "localhost" else url,
                              children):
             return 1
-        print(f"kvledger is serving {served_name} at {url}  (OpenAI API under {url}/v1)",
-              flush=True)
+        print(f"kvledger is serving {', '.join(required)} at {url}  "
+              f"(OpenAI API under {url}/v1)", flush=True)
         while stopping["signal"] is None:
             if not _supervise(children):
                 return 1

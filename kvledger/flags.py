@@ -94,6 +94,8 @@ FLAGS: tuple[Flag, ...] = (
     _f("--dtype", [WORKER], "weight and activation dtype", default="float32",
        choices=("auto", "float32", "bfloat16", "float16")),
     _f("--device", [WORKER], "torch device", default="cpu"),
+    _f("--attention-backend", [WORKER], "paged attention kernel (auto: flash_attn on CUDA "
+       "when importable, else torch)", default="auto", choices=("auto", "torch", "flash_attn")),
     _f("--seed", [WORKER], "base random seed", type=int, default=0),
     _f("--worker-id", [WORKER], "name of this worker (default: host-pid)"),
     # more than one service

@@ -77,6 +77,9 @@ class SchedulerClient:
 
     def _tokenizer(self, model_path: str) -> Tokenizer:
         if model_path not in self._tokenizers:
-            self._tokenizers[model_path] = Tokenizer.from_file(
-                str(Path(model_path) / "tokenizer.json"))
+            tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
+            # Some checkpoints ship padding/truncation for training; lengths are checked here.
+            tokenizer.no_padding()
+            tokenizer.no_truncation()
+            self._tokenizers[model_path] = tokenizer
         return self._tokenizers[model_path]

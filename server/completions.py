@@ -93,13 +93,7 @@ class Completion:
 
 def _reject_unsupported(body: CompletionRequest) -> None:
     """Fields whose sampling the worker does not implement yet: refuse rather than ignore."""
-    unsupported = {
-        "echo with logprobs": body.echo and body.logprobs is not None,
-        "presence_penalty": bool(body.presence_penalty),
-        "frequency_penalty": bool(body.frequency_penalty),
-        "repetition_penalty": body.repetition_penalty not in (None, 1.0),
-        "min_p": bool(body.min_p),
-    }
+    unsupported = {"echo with logprobs": body.echo and body.logprobs is not None}
     for param, used in unsupported.items():
         if used:
             raise APIError(400, f"`{param}` is not supported by this server yet", param=param)

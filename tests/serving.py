@@ -96,13 +96,17 @@ class Served:
             raise
 
 
-def start_serve(tmp: Path, *extra: str, timeout: float = 240.0) -> Served:
+def start_serve(tmp: Path, *extra: str, timeout: float = 240.0,
+                embedding: bool = False) -> Served:
+    """`embedding=False` skips the default embedding worker (faster, for generation tests)."""
     port, grpc_port = free_port(), free_port()
     metrics_port = free_port_run(4)
     log_path = tmp / "serve.log"
     cmd = [sys.executable, "-m", "kvledger.cli", "serve", "--port", str(port),
            "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
            "--debug-invariants", *extra]
+    if not embedding:
+        cmd += ["--embedding-model", "none"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:
         process = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)

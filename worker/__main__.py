@@ -19,7 +19,7 @@ from protos import frontend_pb2, worker_pb2
 from worker.executor import Executor
 from worker.link import WorkerLinkClient
 from worker.metrics import WorkerMetrics
-from worker.model_runner import ModelRunner
+from worker.runners import load_runner
 
 log = logging.getLogger("worker")
 
@@ -32,12 +32,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     model_path = resolve_model(args.model)
     name = args.served_model_name or args.model
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
-    runner = ModelRunner(model_path, block_size=args.block_size, num_blocks=args.num_kv_blocks,
+    runner = load_runner(model_path, block_size=args.block_size, num_blocks=args.num_kv_blocks,
                          kv_cache_memory_bytes=args.kv_cache_memory_bytes, dtype=args.dtype,
-                         device=args.device, max_model_len=args.max_model_len, seed=args.seed)
+                         device=args.device, max_model_len=args.max_model_len, seed=args.seed,
+                         attention_backend=args.attention_backend)
+    kind = (frontend_pb2.MODEL_KIND_EMBED if runner.kind == "embed"
+            else frontend_pb2.MODEL_KIND_GENERATE)
     registration = worker_pb2.Registration(
         worker_id=worker_id, model_name=name, model_path=str(model_path),
-        kind=frontend_pb2.MODEL_KIND_GENERATE, block_size=runner.block_size,
+        kind=kind, block_size=runner.block_size,
         num_blocks=runner.num_blocks, max_model_len=runner.max_model_len,
         vocab_size=runner.vocab_size, eos_token_ids=runner.eos_token_ids,
         auth_token=args.worker_auth_token)
