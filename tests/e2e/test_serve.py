@@ -126,3 +126,33 @@ def test_stop_leaves_no_process(tmp_path):
     while any(alive(p) for p in served.children) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in served.children if alive(p)]
+
+
+def test_logprobs_streaming_and_not(client):
+    kwargs = dict(model="tiny-llama", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2,
+                  extra_body={"ignore_eos": True})
+    out = client.completions.create(**kwargs)
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert len(lp.text_offset) == 6 and lp.text_offset == sorted(lp.text_offset)
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert chosen <= 0 and len(top) <= 2
+        assert abs(chosen - max(top.values())) < 1e-4, "greedy picks the most likely token"
+    chunks = list(client.completions.create(**kwargs, stream=True))
+    streamed = [t for c in chunks if c.choices[0].logprobs
+                for t in c.choices[0].logprobs.token_logprobs]
+    assert streamed == pytest.approx(lp.token_logprobs, abs=1e-5)
+
+
+def test_seeded_sampling_repeats_and_penalties_are_accepted(client):
+    kwargs = dict(model="tiny-llama", prompt=PROMPT, max_tokens=12, temperature=1.0,
+                  top_p=0.9, extra_body={"ignore_eos": True, "top_k": 50, "min_p": 0.01})
+    a = client.completions.create(**kwargs, seed=7)
+    b = client.completions.create(**kwargs, seed=7)
+    assert a.choices[0].text == b.choices[0].text
+    c = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=12,
+                                  temperature=0, presence_penalty=1.5, frequency_penalty=1.0,
+                                  extra_body={"repetition_penalty": 1.3, "ignore_eos": True})
+    plain = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=12,
+                                      temperature=0, extra_body={"ignore_eos": True})
+    assert c.choices[0].text != plain.choices[0].text, "penalties change the greedy path"
