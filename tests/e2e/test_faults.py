@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -149,5 +150,29 @@ def test_full_queue_is_429_with_retry_after(tmp_path):
         for t in threads:
             t.join(120)
         assert statuses == [200, 200]
+    finally:
+        served.stop()
+
+
+def test_mid_stream_failure_ends_with_an_error_event_then_done(tmp_path):
+    served = start_serve(tmp_path, "--num-kv-blocks", "128")
+    try:
+        worker = next(p for p in descendants(served.process.pid) if "-m worker" in cmdline(p))
+        body = {"model": MODEL, "prompt": "tell me everything", "max_tokens": 1500,
+                "ignore_eos": True, "stream": True}
+        events: list[str] = []
+        with httpx.stream("POST", f"{served.url}/v1/completions", json=body,
+                          timeout=60) as reply:
+            assert reply.status_code == 200
+            for line in reply.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[len("data: "):])
+                if len(events) == 3:
+                    os.kill(worker, signal.SIGKILL)
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["type"] == "service_unavailable" and "worker" in error["message"]
+        assert all("choices" in json.loads(e) for e in events[:-2])
     finally:
         served.stop()
