@@ -86,8 +86,8 @@ FLAGS: tuple[Flag, ...] = (
     _f("--block-size", [WORKER], "tokens per KV block", type=int, default=16),
     _f("--num-kv-blocks", [WORKER], "fixed number of KV blocks (overrides the memory budget)",
        type=int),
-    _f("--kv-cache-memory-bytes", [WORKER], "KV cache budget on CPU", type=int,
-       default=512 * 1024 * 1024),
+    _f("--kv-cache-memory-bytes", [WORKER], "KV cache budget in bytes (default: 512 MiB on "
+       "CPU; on CUDA, --gpu-memory-utilization decides)", type=int),
     _f("--gpu-memory-utilization", [WORKER], "fraction of GPU memory for weights and KV",
        type=float, default=0.9),
     _f("--max-model-len", [WORKER], "context length (default: the model's)", type=int),

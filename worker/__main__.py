@@ -22,6 +22,7 @@ from worker.metrics import WorkerMetrics
 from worker.runners import load_runner
 
 log = logging.getLogger("worker")
+CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -32,8 +33,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     model_path = resolve_model(args.model)
     name = args.served_model_name or args.model
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+    kv_bytes = args.kv_cache_memory_bytes
+    if kv_bytes is None and not args.device.startswith("cuda"):
+        kv_bytes = CPU_KV_CACHE_BYTES
     runner = load_runner(model_path, block_size=args.block_size, num_blocks=args.num_kv_blocks,
-                         kv_cache_memory_bytes=args.kv_cache_memory_bytes, dtype=args.dtype,
+                         kv_cache_memory_bytes=kv_bytes,
+                         gpu_memory_utilization=args.gpu_memory_utilization, dtype=args.dtype,
                          device=args.device, max_model_len=args.max_model_len, seed=args.seed,
                          attention_backend=args.attention_backend)
     kind = (frontend_pb2.MODEL_KIND_EMBED if runner.kind == "embed"

@@ -31,7 +31,9 @@ class EmbeddingRunner:
     def __init__(self, model_path: Path, *, block_size: int = 16, num_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, dtype: str = "float32",
                  device: str = "cpu", max_model_len: int | None = None, seed: int = 0,
-                 attention_backend: str = "torch", progress: bool = True) -> None:
+                 attention_backend: str = "torch", progress: bool = True,
+                 gpu_memory_utilization: float = 0.9) -> None:
+        del gpu_memory_utilization  # no KV cache to size
         default_threads()
         self.config = cfg = EncoderConfig.from_dir(Path(model_path))
         self.pooling = PoolingConfig.from_dir(Path(model_path), DEFAULT_POOLING)

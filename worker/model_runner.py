@@ -46,7 +46,8 @@ class ModelRunner:
     def __init__(self, model_path: Path, *, block_size: int, num_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, dtype: str = "float32",
                  device: str = "cpu", max_model_len: int | None = None, seed: int = 0,
-                 attention_backend: str = "torch", progress: bool = True) -> None:
+                 attention_backend: str = "torch", progress: bool = True,
+                 gpu_memory_utilization: float = 0.9) -> None:
         default_threads()
         # Everything that can be refused is checked before any memory is taken.
         self.config = cfg = ModelConfig.from_dir(Path(model_path))
@@ -61,12 +62,19 @@ class ModelRunner:
         self.embedding_size = cfg.hidden_size
         self.pooling = PoolingConfig.from_dir(Path(model_path), PoolingConfig("last", True))
         shape = KVShape(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
-        self.num_blocks = _num_blocks(num_blocks, kv_cache_memory_bytes, shape)
+        size_from_gpu = (self.device.type == "cuda" and num_blocks is None
+                         and kv_cache_memory_bytes is None)
+        if not size_from_gpu:
+            self.num_blocks = _num_blocks(num_blocks, kv_cache_memory_bytes, shape)
         self.backend = get_backend(attention_backend, dtype=self.dtype, block_size=block_size,
                                    device=self.device)
 
         self.model = build_model(cfg, self.backend, self.max_model_len, self.dtype, self.device)
         load_weights(self.model, Path(model_path), progress=progress)
+        if size_from_gpu:  # what the weights left of the utilization budget goes to KV
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = gpu_kv_budget(total, free, gpu_memory_utilization)
+            self.num_blocks = shape.blocks_for_budget(budget)
         self.kv_cache = KVCache.allocate(shape, self.num_blocks, self.device)
         for layer, k, v in zip(self.model.attention_layers(), self.kv_cache.k, self.kv_cache.v,
                                strict=True):
@@ -136,6 +144,25 @@ def _max_model_len(requested: int | None, cfg: ModelConfig) -> int:
         raise ValueError(f"max_model_len {requested} must be in [1, "
                          f"{cfg.max_position_embeddings}] (the model's max_position_embeddings)")
     return requested
+
+
+# Room kept for activations and the allocator's slack; not profiled (nothing here has run on a
+# GPU): a forward pass's peak grows with max_num_batched_tokens.
+GPU_ACTIVATION_HEADROOM_BYTES = 1 << 30
+
+
+def gpu_kv_budget(total: int, free: int, utilization: float,
+                  headroom: int = GPU_ACTIVATION_HEADROOM_BYTES) -> int:
+    """Bytes for the KV cache: the utilization share of the device minus what is already used
+    (weights, other processes) and the activation headroom."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
+    budget = int(total * utilization) - (total - free) - headroom
+    if budget <= 0:
+        raise ValueError(f"gpu_memory_utilization {utilization} leaves no memory for the KV "
+                         f"cache: {(total - free) / 2**30:.1f} GiB of {total / 2**30:.1f} GiB "
+                         "are already in use")
+    return budget
 
 
 def _num_blocks(num_blocks: int | None, budget: int | None, shape: KVShape) -> int:

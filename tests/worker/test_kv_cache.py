@@ -26,3 +26,15 @@ def test_allocate_per_layer_k_and_v() -> None:
     assert all(not t.any() for t in cache.k)  # zeroed: masked padding never meets NaN garbage
     cache.k[1][2, 3] = 1.0
     assert cache.k[0].sum() == 0 and cache.v[1].sum() == 0  # layers and K/V do not alias
+
+
+def test_gpu_kv_budget_is_the_utilization_share_minus_used_and_headroom():
+    from worker.model_runner import gpu_kv_budget
+
+    gib = 1 << 30
+    # 80 GiB device, 10 GiB in use (weights), 90 %: 72 - 10 - 1 headroom = 61 GiB.
+    assert gpu_kv_budget(80 * gib, 70 * gib, 0.9) == int(80 * gib * 0.9) - 10 * gib - gib
+    with pytest.raises(ValueError, match="leaves no memory"):
+        gpu_kv_budget(16 * gib, 2 * gib, 0.9)
+    with pytest.raises(ValueError, match="must be in"):
+        gpu_kv_budget(16 * gib, 16 * gib, 1.5)
