@@ -222,3 +222,23 @@ def test_server_still_serves_after_fuzz(client, served):
     out = client.completions.create(model=MODEL, prompt="still alive", max_tokens=2)
     assert out.choices
     assert idle(served)
+
+
+def test_n_choices_share_the_prompt_blocks(client):
+    prompt = "choices share one prompt's blocks in the ledger " * 5
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, n=3,
+                                    temperature=0, extra_body={"cache_salt": "n-test"})
+    assert len(out.choices) == 3
+    # The first choice computes the prompt; the others hit its full blocks.
+    assert out.usage.prompt_tokens_details.cached_tokens >= 16
+
+
+def test_multibyte_text_streams_exactly_as_it_completes(client):
+    prompt = "東京 🎉 café naïve — 漢字 and emoji 😀 "
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, echo=True,
+                  extra_body={"ignore_eos": True})
+    full = client.completions.create(**kwargs).choices[0].text
+    streamed = "".join(c.choices[0].text
+                       for c in client.completions.create(**kwargs, stream=True))
+    assert streamed == full
+    assert "\ufffd" not in full
