@@ -25,6 +25,7 @@ class CacheLookup:
     num_tokens: int = 0
     epoch: int = 0
     version: int = 0
+    max_blocks: int = 0  # the cap it was computed under: a longer cap needs a longer walk
 
 
 class KVManager(ABC):
@@ -58,7 +59,9 @@ class KVManager(ABC):
         chain: Sequence[BlockHash],
         max_blocks: int,
         start: CacheLookup | None = None,
-    ) -> CacheLookup: ...
+    ) -> CacheLookup:
+        """Longest cached prefix of at most max_blocks blocks. `start`, a lookup that
+        stale_source() has just vouched for, is continued instead of walked again."""
 
     @abstractmethod
     def stale_source(self, lookup: CacheLookup) -> str | None:

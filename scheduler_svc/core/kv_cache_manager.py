@@ -72,8 +72,8 @@ class KVCacheManager(KVManager):
         if start is not None:
             # only a lookup stale_source() just vouched for may be continued
             assert start.epoch == pool.removal_epoch, "continuing an unverified lookup"
-            if start.version == pool.registration_version and len(start.blocks) <= max_blocks:
-                return start
+            if start.version == pool.registration_version and start.max_blocks == max_blocks:
+                return start  # nothing was added or removed since: the walk would end the same
         known = start.blocks if start is not None else ()
         blocks = pool.find_prefix(token_ids, chain, max_blocks, known)
         return CacheLookup(
@@ -82,6 +82,7 @@ class KVCacheManager(KVManager):
             num_tokens=len(blocks) * self.block_size,
             epoch=pool.removal_epoch,
             version=pool.registration_version,
+            max_blocks=max_blocks,
         )
 
     def stale_source(self, lookup: CacheLookup) -> str | None:
@@ -112,14 +113,15 @@ class KVCacheManager(KVManager):
         return new_blocks
 
     def allocate_slots(self, request_id: str, num_tokens: int) -> list[int] | None:
-        table = self.tables[request_id]
-        num_new = cdiv(num_tokens, self.block_size) - len(table.blocks)
-        if num_new <= 0:
-            return []
+        blocks = self.tables[request_id].blocks
+        size = self.block_size
+        if num_tokens <= len(blocks) * size:
+            return []  # the common decode step: the last block still has room
+        num_new = cdiv(num_tokens, size) - len(blocks)
         if num_new > self.pool.num_free:
             return None
         new_blocks = self.pool.take(num_new)
-        table.blocks.extend(new_blocks)
+        blocks.extend(new_blocks)
         return [block.block_id for block in new_blocks]
 
     def commit_full_blocks(

@@ -27,6 +27,7 @@ from scheduler_svc.core.output import (
 )
 from scheduler_svc.core.request import FinishReason, Request, RequestStatus
 from scheduler_svc.core.stats import SchedulerSnapshot, SchedulerStats, bump
+from scheduler_svc.core.stop_conditions import at_length, stop_reason
 from scheduler_svc.core.tracker import ComputedBlocksTracker
 from scheduler_svc.core.waiting_queue import make_waiting_queue, running_order_key
 
@@ -114,7 +115,7 @@ class Scheduler:
         why_ignored = self._why_ignored(request)
         if why_ignored is not None:
             self._finish_at_arrival(request, FinishReason.IGNORED, why_ignored)
-        elif request.output_token_ids and self._at_length(request):
+        elif request.output_token_ids and at_length(request, self.max_len):
             self._finish_at_arrival(request, FinishReason.LENGTH, "")  # resumed from elsewhere
         else:
             self.requests[rid] = request
@@ -176,7 +177,6 @@ class Scheduler:
     def _schedule_running(self, cont: list[ScheduledCont], budget: int) -> tuple[int, bool]:
         running, kv = self.running, self.kv
         chunked = self.config.enable_chunked_prefill
-        caching = self.config.caches_prefixes
         block_size = self.config.block_size
         preempted = False
         i = 0
@@ -206,9 +206,7 @@ class Scheduler:
             if new_block_ids is None:
                 break  # it preempted itself; it was the last one left to serve
             written = (
-                self._commit(request, total)
-                if caching and total // block_size > computed // block_size
-                else []
+                self._commit(request, total) if total // block_size > computed // block_size else []
             )
             cont.append(ScheduledCont(rid, new_block_ids, computed, num_new, written))
             request.num_computed_tokens = total
@@ -253,9 +251,7 @@ class Scheduler:
         block_size = self.config.block_size
         caching = self.config.caches_prefixes
         written = (
-            self._commit(request, total)
-            if caching and total // block_size > computed // block_size
-            else []
+            self._commit(request, total) if total // block_size > computed // block_size else []
         )
         scheduled = ScheduledNew(
             request_id=rid,
@@ -281,7 +277,7 @@ class Scheduler:
 
     def _commit(self, request: Request, num_tokens: int) -> list[BlockHashPair]:
         num_full = num_tokens // self.config.block_size
-        chain = self.tracker.chain(request, num_full)
+        chain = self.tracker.chain(request, num_full) if self.config.caches_prefixes else []
         return self.kv.commit_full_blocks(
             request.request_id, request.all_token_ids, chain, num_full
         )
@@ -326,15 +322,15 @@ class Scheduler:
         result: ModelResult,
         updates: list[RequestUpdate],
     ) -> None:
-        requests, sampled = self.requests, result.sampled
+        requests, sampled, max_len = self.requests, result.sampled, self.max_len
         embedded = set(result.embedded)
-        stats = self.stats
+        num_sampled = 0
         for item in scheduled:
             request = requests.get(item.request_id)
             if (
                 request is None
                 or request.status is not RUNNING
-                or request.num_computed_tokens < request.num_tokens
+                or request.num_computed_tokens < len(request.all_token_ids)
             ):
                 continue  # gone, requeued, or a prompt chunk that samples nothing
             if request.is_embedding:
@@ -352,24 +348,21 @@ class Scheduler:
                 updates.append(self._update(request, []))
                 continue
             request.append_output_token(token)
-            stats.generation_tokens += 1
-            reason = self._stop_reason(request, token)
+            num_sampled += 1
+            reason = stop_reason(request, token, max_len)
             if reason is not None:
                 self._finish(request, reason, "", "finished", batched=True)
-            updates.append(self._update(request, [token]))
-
-    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
-        if request.num_output_tokens >= request.min_tokens and (
-            token in request.stop_token_ids
-            or (not request.ignore_eos and token in request.eos_token_ids)
-        ):
-            return FinishReason.STOP
-        if self._at_length(request):
-            return FinishReason.LENGTH
-        return None
-
-    def _at_length(self, request: Request) -> bool:
-        return request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_len
+            updates.append(
+                RequestUpdate(
+                    request.request_id,
+                    [token],
+                    reason,
+                    "",
+                    request.num_cached_tokens,
+                    len(request.prompt_token_ids),
+                )
+            )
+        self.stats.generation_tokens += num_sampled
 
     def _forget_unwritten(self, output: SchedulerOutput, request_ids: set[str]) -> None:
         """Blocks declared written by requests the worker did not run hold no such content."""

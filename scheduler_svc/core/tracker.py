@@ -54,7 +54,7 @@ class ComputedBlocksTracker:
         rid = request.request_id
         assert rid not in self.entries, f"{rid} is already tracked"
         self.entries[rid] = TrackerEntry([], request_extra_keys(request.cache_salt))
-        self.lookup(request)  # early, so routing and queue position see the hit
+        self.lookup(request)  # taken at arrival, verified again before it is used
 
     def chain(self, request: Request, num_blocks: int) -> list[BlockHash]:
         entry = self.entries[request.request_id]
@@ -115,16 +115,18 @@ class ComputedBlocksTracker:
         return len(orphans)
 
     def cached_prefix_tokens(self, token_ids: Sequence[int], cache_salt: str | None) -> int:
-        """Read-only probe for routing: nothing is stored or counted."""
+        """Read-only probe for routing: nothing is stored or counted. Hashes block by block and
+        stops at the first miss, so a cold prompt costs one hash per worker asked."""
         if not self._caching or not token_ids:
             return 0
         max_blocks = (len(token_ids) - 1) // self._block_size
-        chain = extend_chain(
-            [],
-            token_ids,
-            self._block_size,
-            max_blocks,
-            request_extra_keys(cache_salt),
-            self._hasher,
-        )
-        return self._kv.find_cached_prefix(token_ids, chain, max_blocks).num_tokens
+        extra_keys = request_extra_keys(cache_salt)
+        chain: list[BlockHash] = []
+        lookup: CacheLookup | None = None
+        while len(chain) < max_blocks:
+            n = len(chain) + 1
+            extend_chain(chain, token_ids, self._block_size, n, extra_keys, self._hasher)
+            lookup = self._kv.find_cached_prefix(token_ids, chain, n, lookup)
+            if len(lookup.blocks) < n:
+                break
+        return lookup.num_tokens if lookup is not None else 0

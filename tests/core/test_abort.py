@@ -3,7 +3,6 @@
 import pytest
 
 from scheduler_svc.core import RequestStatus
-
 from tests.core.fakes import Harness, request
 
 STATES = ["waiting", "mid_prefill", "decoding", "preempted", "finished", "unknown"]

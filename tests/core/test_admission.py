@@ -1,7 +1,6 @@
 """Admission: the atomic allocation, its failure branches, and what a lookup may be trusted for."""
 
 from scheduler_svc.core import RequestStatus
-
 from tests.core.fakes import Harness, request
 
 A = list(range(0, 8))  # two full blocks of 4
@@ -67,15 +66,25 @@ def test_failed_allocation_changes_nothing(kv: bool) -> None:
         assert y.status is RequestStatus.RUNNING
         return
     pool = h.kv.pool
-    before = (h.refs(), h.free_queue(), dict(pool.cached), pool.removal_epoch,
-              [b.generation for b in pool.blocks])
+    before = (
+        h.refs(),
+        h.free_queue(),
+        dict(pool.cached),
+        pool.removal_epoch,
+        [b.generation for b in pool.blocks],
+    )
     assert before[:2] == ([0, 0, 1, 1, 1, 0], [5, 1, 0])
     # y hits 0, 1 and needs 2 more: 3 blocks are free, but two of them are its own hits
     assert h.kv.allocate_for_admission("y", h.sched.tracker.peek_lookup("y").blocks, 16) is None
     out = h.step()
     assert out.new == [] and y.status is RequestStatus.WAITING
-    after = (h.refs(), h.free_queue(), dict(pool.cached), pool.removal_epoch,
-             [b.generation for b in pool.blocks])
+    after = (
+        h.refs(),
+        h.free_queue(),
+        dict(pool.cached),
+        pool.removal_epoch,
+        [b.generation for b in pool.blocks],
+    )
     assert after == before
     assert not h.kv.has_table("y") and h.sched.stats.entries_released["no_blocks"] == 1
     assert h.sched.tracker.peek_lookup("y") is None  # nothing learned here is kept
@@ -84,8 +93,12 @@ def test_failed_allocation_changes_nothing(kv: bool) -> None:
 def test_requests_admitted_together_whose_allocations_evict_each_others_hits(kv: bool) -> None:
     h = Harness.build(kv, num_blocks=12)
     filler = request("r", range(300, 315), max_tokens=30)
-    h.add(request("q", B, max_tokens=1), request("p", A, max_tokens=1),
-          request("s", C, max_tokens=1), filler)
+    h.add(
+        request("q", B, max_tokens=1),
+        request("p", A, max_tokens=1),
+        request("s", C, max_tokens=1),
+        filler,
+    )
     h.step()
     x = request("x", A + list(range(90, 102)))  # hits A (blocks 2, 3), needs 3 more
     y = request("y", B + [60, 61, 62, 63])  # hits B (blocks 0, 1), needs 1 more
@@ -242,3 +255,54 @@ def test_a_step_that_preempted_releases_the_head_lookup_as_preempted_step(kv: bo
     h.finish_step()
     h.run_to_idle()
     assert h.outputs("b") == [1008, 1009, 1010, 1011, 1012]
+
+
+def test_prompt_logprob_requests_skip_the_cache_but_still_fill_it(kv: bool) -> None:
+    h = Harness.build(kv)
+    h.add(request("lp", A + [8], max_tokens=1, skip_prefix_cache=True))
+    (new,) = h.step().new
+    if kv:
+        assert [b for b, _ in new.written] == [0, 1] and h.cached() == [0, 1]
+    assert h.sched.stats.prefix_cache_queries == 0  # a request that may not read is no query
+    h.add(request("lp2", A + [8], max_tokens=1, skip_prefix_cache=True))
+    (new,) = h.step().new
+    assert new.num_computed_tokens == 0 and new.claimed == []
+    h.add(request("reader", A + [8], max_tokens=1))
+    (new,) = h.step().new
+    assert new.num_computed_tokens == (8 if kv else 0)
+    assert h.sched.stats.prefix_cache_queries == (9 if kv else 0)
+    h.run_to_idle()
+
+
+def test_waiting_requests_are_served_in_policy_order(kv: bool) -> None:
+    for policy, expected in (("fcfs", ["a", "b", "c"]), ("priority", ["c", "a", "b"])):
+        h = Harness.build(kv, policy=policy, max_num_seqs=1)
+        h.add(
+            request("a", [1, 2], max_tokens=1, priority=1),
+            request("b", [3, 4], max_tokens=1, priority=2),
+            request("c", [5, 6], max_tokens=1, priority=0),
+        )
+        order = []
+        while h.sched.has_unfinished():
+            order += [n.request_id for n in h.step().new]
+        assert order == expected
+
+
+def test_snapshot_reports_counters_and_live_gauges(kv: bool) -> None:
+    h = Harness.build(kv)
+    h.add(request("a", range(10), max_tokens=3), request("b", range(10), max_tokens=3))
+    h.step()
+    snap = h.sched.snapshot()
+    assert (snap.num_running, snap.num_waiting, snap.tracker_entries) == (2, 0, 2)
+    if kv:
+        # a holds 0, 1, 2; b shares 0, 1 and has its own partial block 3
+        assert (snap.blocks_total, snap.blocks_in_use, snap.blocks_cached) == (8, 4, 2)
+        assert snap.usage == 0.5
+        assert (snap.prefix_cache_queries, snap.prefix_cache_hits) == (20, 8)
+    else:
+        assert (snap.blocks_total, snap.blocks_in_use, snap.usage) == (0, 0, 0.0)
+    assert snap.prompt_tokens == 20 and snap.generation_tokens == 2
+    h.run_to_idle()
+    snap = h.sched.snapshot()
+    assert (snap.num_running, snap.blocks_in_use, snap.tracker_entries) == (0, 0, 0)
+    assert snap.requests_finished["length"] == 2 and snap.entries_released["finished"] == 2

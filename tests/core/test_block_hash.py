@@ -1,8 +1,10 @@
+from collections.abc import Sequence
 from hashlib import sha256
 
 import pytest
 
 from scheduler_svc.core.block_hash import (
+    ExtraKeys,
     extend_chain,
     request_extra_keys,
     sha256_block_hash,
@@ -60,7 +62,7 @@ def test_salt_enters_block_zero_only_and_chaining_carries_it() -> None:
 def test_chain_extends_incrementally_and_never_rehashes() -> None:
     calls: list[tuple[int, ...]] = []
 
-    def counting(parent, tokens, extra):  # noqa: ANN001, ANN202
+    def counting(parent: bytes | None, tokens: Sequence[int], extra: ExtraKeys) -> bytes:
         calls.append(tuple(tokens))
         return sha256_block_hash(parent, tokens, extra)
 

@@ -1,5 +1,6 @@
 from scheduler_svc.core.block_hash import extend_chain
 from scheduler_svc.core.block_pool import BlockPool
+from scheduler_svc.core.kv_block import KVBlock
 from scheduler_svc.core.stats import SchedulerStats
 
 
@@ -12,12 +13,13 @@ def queue(pool: BlockPool) -> list[int]:
     return [b.block_id for b in pool.free_queue]
 
 
-def cache_chain(pool: BlockPool, tokens: list[int]) -> list:  # noqa: ANN401
+def cache_chain(pool: BlockPool, tokens: list[int]) -> list[KVBlock]:
     """Take blocks for `tokens` and register every full one, like a finished prefill."""
     chain = extend_chain([], tokens, 4, len(tokens) // 4, ())
     blocks = pool.take(len(chain))
     for i, block in enumerate(blocks):
-        pool.register(block, chain[i], tuple(tokens[i * 4 : i * 4 + 4]), blocks[i - 1] if i else None)
+        parent = blocks[i - 1] if i else None
+        pool.register(block, chain[i], tuple(tokens[i * 4 : i * 4 + 4]), parent)
     return blocks
 
 

@@ -6,7 +6,6 @@ import pytest
 
 from scheduler_svc.core import Scheduler, sha256_block_hash
 from scheduler_svc.core.block_hash import BlockHash, ExtraKeys
-
 from tests.core.fakes import FakeWorker, Harness, config, request
 
 A = list(range(0, 8))
@@ -54,12 +53,16 @@ def test_salts_isolate_both_ways(kv: bool) -> None:
         assert h.sched.cached_prefix_tokens(prompt, "tenant-1") == 8
     assert h.sched.cached_prefix_tokens(prompt, None) == 0
     assert h.sched.cached_prefix_tokens(prompt, "tenant-2") == 0
-    h.add(request("plain", prompt, max_tokens=1), request("other", prompt, max_tokens=1,
-                                                         cache_salt="tenant-2"))
+    h.add(
+        request("plain", prompt, max_tokens=1),
+        request("other", prompt, max_tokens=1, cache_salt="tenant-2"),
+    )
     out = h.step()
     assert [n.num_computed_tokens for n in out.new] == [0, 0]
-    h.add(request("plain2", prompt, max_tokens=1), request("salted2", prompt, max_tokens=1,
-                                                           cache_salt="tenant-1"))
+    h.add(
+        request("plain2", prompt, max_tokens=1),
+        request("salted2", prompt, max_tokens=1, cache_salt="tenant-1"),
+    )
     out = h.step()
     # the unsalted cache is not visible to a salted request, nor the reverse
     assert [n.num_computed_tokens for n in out.new] == ([8, 8] if kv else [0, 0])
@@ -88,7 +91,8 @@ def test_a_forged_hash_collision_with_other_tokens_is_rejected(kv: bool) -> None
     if kv:
         # forged's blocks declare the same hashes, but none may enter the cache
         assert [hash_ for _, hash_ in new.written] == [
-            h.kv.pool.blocks[0].block_hash, h.kv.pool.blocks[1].block_hash
+            h.kv.pool.blocks[0].block_hash,
+            h.kv.pool.blocks[1].block_hash,
         ]
         assert h.cached() == [0, 1]
         assert h.sched.cached_prefix_tokens(forged, None) == 0
@@ -129,7 +133,8 @@ def test_eviction_order_is_lru_across_requests_and_tail_first_within_one(kv: boo
         assert new.block_ids == [7, 2, 1, 5, 4]
         assert h.sched.stats.evictions == 2
         assert [b.removal_source for b in h.kv.pool.blocks if b.block_id in (1, 4)] == [
-            "eviction", "eviction"
+            "eviction",
+            "eviction",
         ]
         # the heads of both chains survive; the taken blocks now cache big's prompt
         pool = h.kv.pool
@@ -155,7 +160,10 @@ def test_chained_hashes_are_computed_once_per_block_even_across_preemption(kv: b
         # every block that was ever full or looked up, hashed exactly once: b's chain
         # survived its preemption and was not recomputed on its way back
         assert calls == [
-            (0, 1, 2, 3), (10, 11, 12, 13), (14, 15, 16, 17), (4, 5, 1006, 1007),
+            (0, 1, 2, 3),
+            (10, 11, 12, 13),
+            (14, 15, 16, 17),
+            (4, 5, 1006, 1007),
             (1008, 1009, 1010, 1011),
         ]
     else:

@@ -1,7 +1,6 @@
 """Preemption by recompute: who is chosen, what is released, and that it always ends."""
 
 from scheduler_svc.core import RequestStatus
-
 from tests.core.fakes import Harness, request
 
 
@@ -29,8 +28,10 @@ def test_self_preemption_requeues_at_the_front_and_never_livelocks(kv: bool) -> 
 
 def test_fcfs_preempts_the_latest_arrival(kv: bool) -> None:
     h = Harness.build(kv, num_blocks=6)
-    reqs = [request(rid, range(i * 20, i * 20 + 8), max_tokens=3) for i, rid in
-            enumerate(["x", "y", "z"])]
+    reqs = [
+        request(rid, range(i * 20, i * 20 + 8), max_tokens=3)
+        for i, rid in enumerate(["x", "y", "z"])
+    ]
     h.add(*reqs)
     h.step()
     out = h.step()  # x needs a block first: z (latest) goes, then x and y fit
