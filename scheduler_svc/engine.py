@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -66,15 +67,21 @@ class Engine:
             raise PlacementError(grpc.StatusCode.ALREADY_EXISTS,
                                  f"worker {registration.worker_id!r} is already connected")
         is_embed = registration.kind == frontend_pb2.MODEL_KIND_EMBED
+        chunked = self.config.enable_chunked_prefill and not is_embed
+        budget = self.config.max_num_batched_tokens
+        if not chunked and budget < registration.max_model_len:
+            # A whole prompt must fit one step when it cannot be split.
+            log.info("worker %s: token budget raised to max_model_len %d (no chunked prefill)",
+                     registration.worker_id, registration.max_model_len)
+            budget = registration.max_model_len
         cfg = SchedulerConfig(
             num_blocks=registration.num_blocks,
             block_size=registration.block_size,
             max_num_seqs=self.config.max_num_seqs,
-            max_num_batched_tokens=max(self.config.max_num_batched_tokens,
-                                       registration.max_model_len if is_embed else 0),
+            max_num_batched_tokens=budget,
             max_model_len=registration.max_model_len,
             enable_prefix_caching=self.config.enable_prefix_caching and not is_embed,
-            enable_chunked_prefill=self.config.enable_chunked_prefill and not is_embed,
+            enable_chunked_prefill=chunked,
             policy=self.config.scheduling_policy,
             kv_cache=not is_embed,
             debug_invariants=self.config.debug_invariants,
@@ -82,6 +89,9 @@ class Engine:
         link = WorkerLink(registration, cfg, self._on_update)
         self.links[link.worker_id] = link
         self.known_models.add(link.model)
+        # The pool's block objects live as long as the link: keep them out of every GC pass
+        # (a full collection over a large pool stalls a step for tens of milliseconds).
+        gc.freeze()
         log.info("worker %s registered: model %s, %d blocks of %d tokens", link.worker_id,
                  link.model, registration.num_blocks, registration.block_size)
         return link

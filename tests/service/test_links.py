@@ -55,10 +55,16 @@ class Worker:
 
 @pytest.fixture
 def scheduler():
+    with running_scheduler() as handle:
+        yield handle
+
+
+@contextlib.contextmanager
+def running_scheduler(*extra: str):
     loop = asyncio.new_event_loop()
     port = free_port()
     args = parse(SCHEDULER, ["--grpc-port", str(port), "--debug-invariants",
-                             "--max-num-batched-tokens", "64"], "t")
+                             "--max-num-batched-tokens", "64", *extra], "t")
     server, engine, _ = loop.run_until_complete(start(args, metrics=False))
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -71,10 +77,12 @@ def scheduler():
 
     handle = Handle()
     handle.engine = engine
-    yield handle
-    asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
+    try:
+        yield handle
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
 
 
 async def _as_coro(fn, *a):  # noqa: ANN001, ANN202
@@ -174,3 +182,16 @@ def test_lost_worker_requests_continue_on_another(scheduler):
         wait_for(lambda: ledger_idle(scheduler))
     finally:
         second.stop()
+
+
+def test_without_chunked_prefill_a_long_prompt_runs_in_one_step():
+    with running_scheduler("--no-enable-chunked-prefill") as scheduler:
+        worker = Worker(scheduler.target, "w0")
+        try:
+            wait_for(lambda: scheduler.engine.links)
+            prompt = list(range(1, 200))  # longer than the 64-token budget
+            out = [t for r in generate(scheduler.target, "r1", prompt, 3) for t in r.token_ids]
+            assert out == expected_tokens(199, 3)
+            wait_for(lambda: ledger_idle(scheduler))
+        finally:
+            worker.stop()
