@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -13,10 +12,9 @@ from prometheus_client import CollectorRegistry
 
 from protos import frontend_pb2, worker_pb2
 from scheduler_svc.core.config import SchedulerConfig
-from scheduler_svc.core.output import RequestUpdate
 from scheduler_svc.core.request import FinishReason, Request
 from scheduler_svc.link import WorkerLink
-from scheduler_svc.live import LiveRequest, RequestFailure
+from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
 from scheduler_svc.metrics import LedgerCollector, RequestMetrics
 
 log = logging.getLogger(__name__)
@@ -44,9 +42,7 @@ class EngineConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
-        return cls(args.max_num_seqs, args.max_num_batched_tokens, args.enable_prefix_caching,
-                   args.enable_chunked_prefill, args.scheduling_policy,
-                   args.max_waiting_requests, args.debug_invariants)
+        return cls(**{name: getattr(args, name) for name in cls.__dataclass_fields__})
 
 
 class Engine:
@@ -89,9 +85,6 @@ class Engine:
         link = WorkerLink(registration, cfg, self._on_update)
         self.links[link.worker_id] = link
         self.known_models.add(link.model)
-        # The pool's block objects live as long as the link: keep them out of every GC pass
-        # (a full collection over a large pool stalls a step for tens of milliseconds).
-        gc.freeze()
         log.info("worker %s registered: model %s, %d blocks of %d tokens", link.worker_id,
                  link.model, registration.num_blocks, registration.block_size)
         return link
@@ -102,9 +95,8 @@ class Engine:
         del self.links[link.worker_id]
         orphans = link.close()
         log.warning("worker %s lost with %d live requests", link.worker_id, len(orphans))
-        for core in orphans:
-            live = self.requests.get(core.request_id)
-            if live is None:
+        for live in orphans:
+            if live.done:
                 continue
             try:
                 self._place(live)
@@ -123,7 +115,8 @@ class Engine:
                 info = infos[reg.model_name] = frontend_pb2.ModelInfo(
                     name=reg.model_name, kind=reg.kind, model_path=reg.model_path,
                     max_model_len=reg.max_model_len, vocab_size=reg.vocab_size,
-                    eos_token_ids=reg.eos_token_ids, block_size=reg.block_size)
+                    eos_token_ids=reg.eos_token_ids, block_size=reg.block_size,
+                    embedding_size=reg.embedding_size)
             info.num_workers += 1
         return sorted(infos.values(), key=lambda m: m.name)
 
@@ -167,6 +160,8 @@ class Engine:
         if link is not None:
             link.abort(request_id)
         self.metrics.finished(live, FinishReason.ABORT.value)
+        # Wakes a stream still waiting on it (an Abort RPC from another caller).
+        live.updates.put_nowait(RequestFailure(grpc.StatusCode.CANCELLED, "request aborted"))
         return True
 
     def reset_prefix_cache(self) -> bool:
@@ -221,9 +216,10 @@ class Engine:
             cached = link.scheduler.cached_prefix_tokens(core.all_token_ids, core.cache_salt)
         return cached / CACHED_TOKENS_PER_QUEUED_REQUEST - link.load
 
-    def _on_update(self, live: LiveRequest, update: RequestUpdate) -> None:
+    def _on_update(self, live: LiveRequest, delivery: Delivery) -> None:
         if live.done:
             return
+        update = delivery.update
         now = time.monotonic()
         if update.new_token_ids and live.first_token_time is None:
             live.first_token_time = now
@@ -233,7 +229,7 @@ class Engine:
             self.requests.pop(live.request_id, None)
             self.where.pop(live.request_id, None)
             self.metrics.finished(live, update.finish_reason.value)
-        live.updates.put_nowait(update)
+        live.updates.put_nowait(delivery)
 
     def _fail(self, live: LiveRequest, code: grpc.StatusCode, message: str) -> None:
         live.done = True

@@ -11,9 +11,8 @@ from protos import frontend_pb2, worker_pb2
 from scheduler_svc.convert import model_result_from, plan_from_output
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.output import RequestUpdate, SchedulerOutput
-from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.live import LiveRequest
+from scheduler_svc.live import Delivery, LiveRequest
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +26,7 @@ class LinkClosed(Exception):
 
 class WorkerLink:
     def __init__(self, registration: worker_pb2.Registration, config: SchedulerConfig,
-                 on_update: Callable[[LiveRequest, RequestUpdate], None]) -> None:
+                 on_update: Callable[[LiveRequest, Delivery], None]) -> None:
         self.registration = registration
         self.worker_id = registration.worker_id
         self.model = registration.model_name
@@ -54,13 +53,18 @@ class WorkerLink:
             self._wake.set()  # the next plan tells the worker to drop it
         self.live.pop(request_id, None)
 
-    def close(self) -> list[Request]:
-        """The worker is gone: empty its ledger and hand back its live requests to re-place."""
+    def close(self) -> list[LiveRequest]:
+        """The worker is gone: empty its ledger and hand back its live requests to re-place.
+
+        The service's own record decides what was live: a request the core ended on arrival
+        still waits for its update, which the next schedule() would have sent.
+        """
         self.alive = False
         self._wake.set()
-        drained = self.scheduler.drain("worker_lost")
+        self.scheduler.drain("worker_lost")
+        live = sorted(self.live.values(), key=lambda lv: lv.core.arrival_index)
         self.live.clear()
-        return drained
+        return live
 
     async def next_plan(self) -> worker_pb2.Plan:
         while True:
@@ -104,20 +108,21 @@ class WorkerLink:
                 continue
             if update.finish_reason is not None:
                 del self.live[update.request_id]
-            self._attach_logprobs(live, update)
-            self._on_update(live, update)
+            self._on_update(live, Delivery(update, self._logprobs_for(live, update)))
 
     @staticmethod
-    def _attach_logprobs(live: LiveRequest, update: RequestUpdate) -> None:
+    def _logprobs_for(live: LiveRequest,
+                      update: RequestUpdate) -> list[frontend_pb2.TokenLogprob]:
         """Pairs this step's logprob with the token the ledger accepted (at most one a step)."""
         step, live.step_logprob = live.step_logprob, None
         if not live.wants_logprobs:
-            return
+            return []
+        out = []
         for token in update.new_token_ids:
             if step is not None and step.token_id == token:
-                live.logprobs_out.append(step)
+                out.append(step)
                 step = None
             else:  # the worker sent none for it: a bug signal, never a made-up number
                 log.warning("request %s: no logprob for token %d", live.request_id, token)
-                live.logprobs_out.append(frontend_pb2.TokenLogprob(token_id=token,
-                                                                   logprob=float("nan")))
+                out.append(frontend_pb2.TokenLogprob(token_id=token, logprob=float("nan")))
+        return out

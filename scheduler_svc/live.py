@@ -21,21 +21,27 @@ class RequestFailure:
     message: str
 
 
+@dataclass
+class Delivery:
+    """One update for the stream, with the logprobs of exactly its new tokens."""
+
+    update: RequestUpdate
+    logprobs: list[frontend_pb2.TokenLogprob] = field(default_factory=list)
+
+
 @dataclass(eq=False)
 class LiveRequest:
     core: Request
     model: str
     sampling: frontend_pb2.SamplingParams
     embed: worker_pb2.EmbedParams | None = None
-    updates: asyncio.Queue[RequestUpdate | RequestFailure] = field(default_factory=asyncio.Queue)
+    updates: asyncio.Queue[Delivery | RequestFailure] = field(default_factory=asyncio.Queue)
     arrival_time: float = field(default_factory=time.monotonic)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     embedding: list[float] | None = None
     done: bool = False
-    # Logprobs of this step's sampled token, and those not yet streamed (aligned with tokens).
-    step_logprob: frontend_pb2.TokenLogprob | None = None
-    logprobs_out: list[frontend_pb2.TokenLogprob] = field(default_factory=list)
+    step_logprob: frontend_pb2.TokenLogprob | None = None  # of this step's sampled token
 
     @property
     def wants_logprobs(self) -> bool:

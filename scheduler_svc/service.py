@@ -28,15 +28,14 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
         live = await self._submit(context, self.engine.submit_generate, request)
         try:
             while True:
-                update = await live.updates.get()
-                if isinstance(update, RequestFailure):
-                    await context.abort(update.code, update.message)
+                item = await live.updates.get()
+                if isinstance(item, RequestFailure):
+                    await context.abort(item.code, item.message)
+                update = item.update
                 if update.finish_reason == FinishReason.IGNORED:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, update.finish_message)
                 response = response_from_update(update)
-                if live.logprobs_out:
-                    response.logprobs.extend(live.logprobs_out)
-                    live.logprobs_out.clear()
+                response.logprobs.extend(item.logprobs)
                 yield response
                 if update.finish_reason is not None:
                     return
@@ -58,9 +57,10 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
                                                 params))
             response = frontend_pb2.EmbedResponse()
             for live in lives:
-                update = await live.updates.get()
-                if isinstance(update, RequestFailure):
-                    await context.abort(update.code, update.message)
+                item = await live.updates.get()
+                if isinstance(item, RequestFailure):
+                    await context.abort(item.code, item.message)
+                update = item.update
                 if update.finish_reason != FinishReason.STOP or live.embedding is None:
                     code = (grpc.StatusCode.INVALID_ARGUMENT
                             if update.finish_reason == FinishReason.IGNORED

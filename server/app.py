@@ -158,7 +158,7 @@ def build_app(settings: Settings) -> FastAPI:
         events = merged([run_choice(client().stub, completion, c) for c in completion.choices],
                         completion.choices)
         if body.stream:
-            return await _streaming_response(completion, events)
+            return await _streaming_response(request, completion, events)
         await _until_disconnect(request, _drain(events))
         return JSONResponse(_completion_body(completion))
 
@@ -170,6 +170,10 @@ def build_app(settings: Settings) -> FastAPI:
         if not model.is_embedding:
             raise APIError(400, f"model `{model.name}` does not serve embeddings", param="model")
         inputs = tokenize_prompts(CompletionRequest(model=body.model, prompt=body.input), model)
+        width = model.info.embedding_size
+        if body.dimensions is not None and width and body.dimensions > width:
+            raise APIError(400, f"dimensions must be at most {width} for model `{model.name}`",
+                           param="dimensions")
         if len(inputs) > settings.limits.max_embedding_inputs:
             raise APIError(400, f"at most {settings.limits.max_embedding_inputs} inputs per "
                            "request", param="input")
@@ -262,12 +266,17 @@ def _completion_body(completion: Completion) -> dict:
             "model": completion.model.name, "choices": choices, "usage": completion.usage()}
 
 
-async def _streaming_response(completion: Completion, events: AsyncIterator) -> Response:
-    # Wait for the first event so that errors (bad prompt, no worker) still get a status code.
+async def _streaming_response(request: Request, completion: Completion,
+                              events: AsyncIterator) -> Response:
+    # Wait for the first event so that errors (bad prompt, no worker) still get a status code,
+    # while noticing a client that leaves before it (queued, or in a long prefill).
     try:
-        first = await anext(events)
+        first = await _until_disconnect(request, anext(events))
     except StopAsyncIteration:
         first = None
+    except BaseException:
+        await events.aclose()
+        raise
     include_usage = bool(completion.body.stream_options and
                          completion.body.stream_options.include_usage)
     holdback = max(completion.max_stop_len - 1, 0)
@@ -280,16 +289,19 @@ async def _streaming_response(completion: Completion, events: AsyncIterator) -> 
         return f"data: {json.dumps(body)}\n\n"
 
     def render(choice) -> str | None:  # noqa: ANN001
+        if choice.closed:  # its final chunk went out; later queue entries add nothing
+            return None
         text = stream_text(choice, holdback)
         if completion.body.echo and not choice.echoed:
             text = echo_prefix(completion, choice) + text
             choice.echoed = True
         if not text and choice.finish_reason is None:
             return None
+        final = choice.finish_reason is not None
         logprobs = None
         if choice.logprobs is not None:
-            logprobs = choice.logprobs.body(choice.logprobs.sent)
-            choice.logprobs.sent = len(choice.logprobs.tokens)
+            logprobs = choice.logprobs.take_sent(choice.sent, final)
+        choice.closed = final
         return chunk([_choice_body(choice.index, text, choice.finish_reason, logprobs)])
 
     async def sse() -> AsyncIterator[str]:

@@ -42,6 +42,13 @@ class ChoiceLogprobs:
         for column in (self.tokens, self.token_logprobs, self.top_logprobs, self.text_offset):
             del column[keep:]
 
+    def take_sent(self, text_sent: int, final: bool) -> dict:
+        """Streaming: the entries whose text has started going out (all of them at the end),
+        so a stop string that later cuts the text never leaves a streamed token behind."""
+        end = len(self.tokens) if final else sum(1 for o in self.text_offset if o < text_sent)
+        start, self.sent = self.sent, max(self.sent, end)
+        return self.body(start, self.sent)
+
     def body(self, start: int = 0, end: int | None = None) -> dict:
         return {"tokens": self.tokens[start:end], "token_logprobs": self.token_logprobs[start:end],
                 "top_logprobs": self.top_logprobs[start:end],
@@ -61,6 +68,7 @@ class Choice:
     text: str = ""
     sent: int = 0  # characters of text already streamed
     echoed: bool = False
+    closed: bool = False  # streaming: the chunk with the finish reason was sent
     num_tokens: int = 0
     num_cached_tokens: int = 0
     finish_reason: str | None = None
@@ -131,7 +139,9 @@ def build_completion(body: CompletionRequest, model: ServedModel, salt: str,
     completion = Completion(id=f"cmpl-{uuid.uuid4().hex}", model=model, body=body,
                             prompts=prompts)
     for p_index, prompt in enumerate(prompts):
+        # Without max_tokens, a completion may fill the context, but must have room for one.
         max_tokens = body.max_tokens if body.max_tokens is not None else limit - len(prompt)
+        max_tokens = max(max_tokens, 1)
         if len(prompt) + max_tokens > limit:
             raise APIError(
                 400, f"This model's maximum context length is {limit} tokens. However, you "

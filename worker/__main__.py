@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         kind=kind, block_size=runner.block_size,
         num_blocks=runner.num_blocks, max_model_len=runner.max_model_len,
         vocab_size=runner.vocab_size, eos_token_ids=runner.eos_token_ids,
-        auth_token=args.worker_auth_token)
+        auth_token=args.worker_auth_token, embedding_size=runner.embedding_size)
     metrics = WorkerMetrics(name, worker_id)
     start_http_server(args.metrics_port, registry=metrics.registry)
     log.info("worker %s: model %s (%s), %d KV blocks of %d tokens, metrics on :%d", worker_id,

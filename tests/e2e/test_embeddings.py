@@ -84,3 +84,5 @@ def test_embedding_errors(client):
         client.completions.create(model=MODEL, prompt="x", max_tokens=2)
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="nope", input="x")
+    with pytest.raises(openai.BadRequestError, match="dimensions"):
+        client.embeddings.create(model=MODEL, input="x", dimensions=5000)

@@ -155,6 +155,13 @@ def test_invalid_values_are_400_in_openai_shape(http, served, body, param):
     assert idle(served)
 
 
+def test_prompt_filling_the_context_without_max_tokens_is_400(http):
+    reply = http.post("/v1/completions", json={"model": MODEL, "prompt": "word " * 2100,
+                                               "max_tokens": None})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "context_length_exceeded"
+
+
 def test_unknown_fields_are_ignored(http):
     reply = http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1,
                                                "best_of": 1, "some_future_field": {"a": 1}})

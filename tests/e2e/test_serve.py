@@ -156,3 +156,15 @@ def test_seeded_sampling_repeats_and_penalties_are_accepted(client):
     plain = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=12,
                                       temperature=0, extra_body={"ignore_eos": True})
     assert c.choices[0].text != plain.choices[0].text, "penalties change the greedy path"
+
+
+def test_streamed_logprobs_match_with_a_stop_string(client):
+    kwargs = dict(model="tiny-llama", prompt=PROMPT, max_tokens=16, temperature=0, logprobs=1,
+                  extra_body={"ignore_eos": True})
+    text = client.completions.create(**kwargs).choices[0].text
+    stop = text[len(text) // 2: len(text) // 2 + 5]
+    full = client.completions.create(**kwargs, stop=stop).choices[0]
+    chunks = list(client.completions.create(**kwargs, stop=stop, stream=True))
+    streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert streamed == full.logprobs.tokens
+    assert sum(1 for c in chunks if c.choices[0].finish_reason) == 1
