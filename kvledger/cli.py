@@ -26,6 +26,7 @@ from kvledger.flags import (
     add_flags,
     fill_list_defaults,
     to_argv,
+    to_env,
 )
 from kvledger.log import setup_logging
 
@@ -43,6 +44,7 @@ class Child:
     name: str
     module: str
     argv: list[str]
+    env: dict[str, str]
     process: subprocess.Popen
     restarts: list[float] = field(default_factory=list)
 
@@ -52,7 +54,7 @@ class Child:
         self.restarts = [t for t in self.restarts if now - t < 60] + [now]
         if len(self.restarts) > MAX_RESTARTS_PER_MINUTE:
             return False
-        self.process = _popen(self.module, self.argv)
+        self.process = _popen(self.module, self.argv, self.env)
         return True
 
 
@@ -82,19 +84,19 @@ def _embedding_worker_argv(args: argparse.Namespace, scheduler_addr: str, metric
     """The embedding worker shares the device settings, not the generative model's sizing."""
     return ["--model", args.embedding_model, "--served-model-name", args.embedding_model,
             "--dtype", args.dtype, "--device", args.device, "--seed", str(args.seed),
-            "--worker-auth-token", args.worker_auth_token, "--log-level", args.log_level,
+            "--log-level", args.log_level,
             "--scheduler", scheduler_addr, "--metrics-port", str(metrics_port),
             "--worker-id", f"embed-{index}"]
 
 
-def _popen(module: str, argv: list[str]) -> subprocess.Popen:
+def _popen(module: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", module, *argv]
     log.debug("starting %s", " ".join(cmd))
-    return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+    return subprocess.Popen(cmd, env=os.environ | env, preexec_fn=_die_with_parent)
 
 
-def _spawn(name: str, module: str, argv: list[str]) -> Child:
-    return Child(name, module, argv, _popen(module, argv))
+def _spawn(name: str, module: str, argv: list[str], env: dict[str, str]) -> Child:
+    return Child(name, module, argv, env, _popen(module, argv, env))
 
 
 def _supervise(children: list[Child]) -> bool:
@@ -110,9 +112,12 @@ def _supervise(children: list[Child]) -> bool:
     return True
 
 
-def _wait_healthy(url: str, children: list[Child]) -> bool:
+def _wait_healthy(url: str, children: list[Child], stopping: dict) -> bool:
     deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
+        if stopping["signal"] is not None:
+            log.info("stopped during startup")
+            return False
         for child in children:
             if child.process.poll() is not None:
                 log.error("%s exited with code %s during startup", child.name,
@@ -168,25 +173,26 @@ def serve(argv: Sequence[str]) -> int:
     children: list[Child] = []
     try:
         children.append(_spawn("scheduler", "scheduler_svc", to_argv(args, SCHEDULER) +
-                               ["--metrics-port", str(metrics_base)]))
+                               ["--metrics-port", str(metrics_base)], to_env(args, SCHEDULER)))
         for i in range(args.num_workers):
             children.append(_spawn(f"worker-{i}", "worker", to_argv(args, WORKER) + [
                 "--scheduler", scheduler_addr, "--metrics-port", str(metrics_base + 1 + i),
                 "--worker-id", f"{args.worker_id or 'worker'}-{i}", "--served-model-name",
-                served_name]))
+                served_name], to_env(args, WORKER)))
         required = [served_name]
         if args.embedding_model != "none":
             port = metrics_base + 1 + args.num_workers
             children.append(_spawn("embed-0", "worker", _embedding_worker_argv(
-                args, scheduler_addr, port, 0)))
+                args, scheduler_addr, port, 0), to_env(args, WORKER)))
             required.append(args.embedding_model)
         children.append(_spawn("frontend", "server", to_argv(args, FRONTEND) + [
-            "--scheduler", scheduler_addr] + [a for m in required for a in ("--require-model", m)]))
+            "--scheduler", scheduler_addr] + [a for m in required for a in ("--require-model", m)],
+            to_env(args, FRONTEND)))
         host = "localhost" if args.host in ("0.0.0.0", "127.0.0.1") else args.host
         url = f"http://{host}:{args.port}"
         if not _wait_healthy(f"http://127.0.0.1:{args.port}" if host == "localhost" else url,
-                             children):
-            return 1
+                             children, stopping):
+            return 0 if stopping["signal"] is not None else 1
         print(f"kvledger is serving {', '.join(required)} at {url}  "
               f"(OpenAI API under {url}/v1)", flush=True)
         while stopping["signal"] is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 FRONTEND = "frontend"
@@ -27,8 +27,7 @@ class Flag:
     default: Any = None
     kind: str = "value"  # "value" | "bool" (--x/--no-x) | "switch" (--x) | "list" (repeatable)
     choices: Sequence[str] | None = None
-    serve_only: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    secret: bool = False  # handed to child processes in the environment, never in argv
 
     @property
     def dest(self) -> str:
@@ -47,7 +46,8 @@ FLAGS: tuple[Flag, ...] = (
     # frontend
     _f("--host", [FRONTEND], "address the HTTP frontend binds", default="127.0.0.1"),
     _f("--port", [FRONTEND], "HTTP port of the frontend", type=int, default=8000),
-    _f("--api-key", [FRONTEND], "accepted API key (repeatable); none = open", kind="list"),
+    _f("--api-key", [FRONTEND], "accepted API key (repeatable); none = open", kind="list",
+       secret=True),
     _f("--require-model", [FRONTEND],
        "model that must have a live worker for /health to be 200 (repeatable)", kind="list"),
     _f("--api-keys-file", [FRONTEND], "file with one accepted API key per line"),
@@ -104,7 +104,8 @@ FLAGS: tuple[Flag, ...] = (
     _f("--metrics-port", [SCHEDULER, WORKER],
        "Prometheus port (serve: scheduler here, worker i at +1+i)", type=int),
     _f("--worker-auth-token", [SCHEDULER, WORKER],
-       "shared secret a worker presents when it registers (empty = none)", default=""),
+       "shared secret a worker presents when it registers (empty = none)", default="",
+       secret=True),
     _f("--log-level", [FRONTEND, SCHEDULER, WORKER], "logging level", default="info",
        choices=("debug", "info", "warning", "error")),
 )
@@ -113,7 +114,7 @@ DEFAULT_METRICS_PORT = {SCHEDULER: 9400, WORKER: 9401}
 
 
 def flags_for(service: str) -> list[Flag]:
-    return [f for f in FLAGS if service in f.services and not f.serve_only]
+    return [f for f in FLAGS if service in f.services]
 
 
 def _env_default(flag: Flag) -> Any:
@@ -168,7 +169,7 @@ def to_argv(args: argparse.Namespace, service: str) -> list[str]:
     argv: list[str] = []
     for flag in flags_for(service):
         value = getattr(args, flag.dest, None)
-        if value is None:
+        if value is None or flag.secret:
             continue
         if flag.kind == "bool":
             argv.append(flag.name if value else "--no-" + flag.name[2:])
@@ -181,3 +182,13 @@ def to_argv(args: argparse.Namespace, service: str) -> list[str]:
         else:
             argv += [flag.name, str(value)]
     return argv
+
+
+def to_env(args: argparse.Namespace, service: str) -> dict[str, str]:
+    """The secret flags of one service as environment variables (`ps` shows argv to all)."""
+    env: dict[str, str] = {}
+    for flag in flags_for(service):
+        value = getattr(args, flag.dest, None)
+        if flag.secret and value:
+            env[flag.env_var] = ",".join(value) if flag.kind == "list" else str(value)
+    return env

@@ -16,6 +16,7 @@ from prometheus_client import start_http_server
 
 from kvledger.flags import SCHEDULER, parse
 from kvledger.log import setup_logging
+from kvledger.rpc import SERVER_OPTIONS
 from protos import frontend_pb2_grpc, worker_pb2_grpc
 from scheduler_svc.engine import Engine, EngineConfig
 from scheduler_svc.service import SchedulerServicer, WorkerLinkServicer
@@ -30,10 +31,7 @@ async def start(args: argparse.Namespace, metrics: bool = True
     if metrics:
         start_http_server(args.metrics_port, addr=args.grpc_host, registry=engine.registry)
 
-    server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-        ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ])
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     frontend_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(engine), server)
     worker_pb2_grpc.add_WorkerLinkServicer_to_server(
         WorkerLinkServicer(engine, args.worker_auth_token), server)

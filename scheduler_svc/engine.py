@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from protos import frontend_pb2, worker_pb2
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.request import FinishReason, Request
+from scheduler_svc.core.stats import SchedulerSnapshot
 from scheduler_svc.link import WorkerLink
 from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
 from scheduler_svc.metrics import LedgerCollector, RequestMetrics
@@ -21,6 +23,13 @@ log = logging.getLogger(__name__)
 
 # A cached token is worth this many queued requests when choosing a worker.
 CACHED_TOKENS_PER_QUEUED_REQUEST = 64
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 class PlacementError(Exception):
@@ -54,9 +63,26 @@ class Engine:
         self.where: dict[str, WorkerLink] = {}
         self.known_models: set[str] = set()  # every model a worker ever registered
         self.metrics = RequestMetrics(self.registry)
-        self.registry.register(LedgerCollector(lambda: list(self.links.values())))
+        self.registry.register(LedgerCollector(self.ledger_snapshots))
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- workers ----
+
+    def ledger_snapshots(self) -> list[tuple[str, str, SchedulerSnapshot]]:
+        """Every ledger's counters, read on the engine's loop so that no step is half-seen
+        (the metrics endpoint calls this from its own thread)."""
+        def take() -> list[tuple[str, str, SchedulerSnapshot]]:
+            return [(lk.model, lk.worker_id, lk.scheduler.snapshot())
+                    for lk in list(self.links.values())]
+
+        loop = self._loop
+        if loop is None or not loop.is_running() or _on_loop(loop):
+            return take()
+
+        async def on_loop() -> list[tuple[str, str, SchedulerSnapshot]]:
+            return take()
+
+        return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(timeout=5)
 
     def register(self, registration: worker_pb2.Registration) -> WorkerLink:
         if registration.worker_id in self.links:
@@ -82,12 +108,26 @@ class Engine:
             kv_cache=not is_embed,
             debug_invariants=self.config.debug_invariants,
         )
+        self._check_consistent(registration)
+        self._loop = asyncio.get_running_loop()
         link = WorkerLink(registration, cfg, self._on_update)
         self.links[link.worker_id] = link
         self.known_models.add(link.model)
         log.info("worker %s registered: model %s, %d blocks of %d tokens", link.worker_id,
                  link.model, registration.num_blocks, registration.block_size)
         return link
+
+    def _check_consistent(self, reg: worker_pb2.Registration) -> None:
+        """Workers of one model name must be interchangeable: requests move between them."""
+        for other in self.links_for(reg.model_name):
+            theirs = other.registration
+            for field in ("kind", "vocab_size", "max_model_len", "embedding_size"):
+                if getattr(reg, field) != getattr(theirs, field):
+                    raise PlacementError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"worker {reg.worker_id!r} serves {reg.model_name!r} with {field} "
+                        f"{getattr(reg, field)}, but worker {other.worker_id!r} has "
+                        f"{getattr(theirs, field)}")
 
     def unregister(self, link: WorkerLink) -> None:
         if self.links.get(link.worker_id) is not link:

@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from scheduler_svc.link import WorkerLink
+    from scheduler_svc.core.stats import SchedulerSnapshot
     from scheduler_svc.live import LiveRequest
 
 # Buckets wide enough for a 2-core CPU (seconds per token) and an H100 (milliseconds).
@@ -64,8 +64,9 @@ class RequestMetrics:
 class LedgerCollector(Collector):
     """Reads every worker's ledger at scrape time, so the numbers are exactly the ledger's."""
 
-    def __init__(self, links: Callable[[], Iterable[WorkerLink]]) -> None:
-        self._links = links
+    def __init__(self, snapshots: Callable[[], Iterable[tuple[str, str, SchedulerSnapshot]]]
+                 ) -> None:
+        self._snapshots = snapshots  # (model, worker, snapshot), taken on the engine's loop
 
     def collect(self):  # noqa: ANN201 - prometheus_client's protocol
         labels = ["model", "worker"]
@@ -85,6 +86,8 @@ class LedgerCollector(Collector):
                                 ["reason"]),
             "orphans": counter("tracker_orphans", "Tracker entries without a live request "
                                "(a bug signal: should stay 0)"),
+            "table_orphans": counter("block_table_orphans", "Block tables without a live "
+                                     "request (a bug signal: should stay 0)"),
             "evictions": counter("kv_block_evictions", "Cached blocks evicted for reuse"),
             "preemptions": counter("num_preemptions", "Requests preempted for recompute"),
             "entries": gauge("tracker_entries", "Live tracker entries"),
@@ -95,9 +98,8 @@ class LedgerCollector(Collector):
             "running": gauge("num_requests_running", "Requests running"),
             "waiting": gauge("num_requests_waiting", "Requests waiting"),
         }
-        for link in self._links():
-            lv = [link.model, link.worker_id]
-            snap = link.scheduler.snapshot()
+        for model, worker, snap in self._snapshots():
+            lv = [model, worker]
             fams["queries"].add_metric(lv, snap.prefix_cache_queries)
             fams["hits"].add_metric(lv, snap.prefix_cache_hits)
             for source, n in snap.stale_entries.items():
@@ -105,6 +107,7 @@ class LedgerCollector(Collector):
             for reason, n in snap.entries_released.items():
                 fams["released"].add_metric(lv + [reason], n)
             fams["orphans"].add_metric(lv, snap.orphans)
+            fams["table_orphans"].add_metric(lv, snap.table_orphans)
             fams["evictions"].add_metric(lv, snap.evictions)
             fams["preemptions"].add_metric(lv, snap.preemptions)
             fams["entries"].add_metric(lv, snap.tracker_entries)

@@ -11,6 +11,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenizers import Tokenizer
 
+from kvledger.rpc import CHANNEL_OPTIONS
 from protos import frontend_pb2, frontend_pb2_grpc
 from server.errors import APIError
 
@@ -34,10 +35,7 @@ class ServedModel:
 class SchedulerClient:
     def __init__(self, target: str, required_models: tuple[str, ...] = ()) -> None:
         self.required_models = required_models
-        self.channel = grpc.aio.insecure_channel(target, options=[
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
-        ])
+        self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self.stub = frontend_pb2_grpc.SchedulerStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self._models: dict[str, ServedModel] = {}

@@ -20,6 +20,8 @@ GRPC_TO_HTTP = {
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.CANCELLED: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 503,
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import APIError
@@ -61,14 +62,8 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _BodyTooLarge
+                    # An HTTPException passes through FastAPI's body parsing as itself.
+                    raise HTTPException(413, too_big.message)
             return message
 
-        try:
-            await self.app(scope, limited, send)
-        except _BodyTooLarge:
-            await too_big.response()(scope, receive, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
+        await self.app(scope, limited, send)

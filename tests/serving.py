@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -91,8 +92,9 @@ class Served:
             return self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            for pid in descendants(self.process.pid):
-                os.kill(pid, signal.SIGKILL)
+            for pid in self.children:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
             raise
 
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from kvledger import cli
-from kvledger.flags import FLAGS, FRONTEND, SCHEDULER, WORKER, flags_for, parse, to_argv
+from kvledger.flags import (
+    FLAGS,
+    FRONTEND,
+    SCHEDULER,
+    WORKER,
+    flags_for,
+    parse,
+    to_argv,
+    to_env,
+)
 
 DESIGN_FLAGS = {
     FRONTEND: {"--host", "--port", "--api-key"},
@@ -44,13 +53,17 @@ def test_default_ports_match_the_design():
 
 
 @pytest.mark.parametrize("service", [FRONTEND, SCHEDULER, WORKER])
-def test_serve_hands_each_flag_to_its_service_unchanged(service):
+def test_serve_hands_each_flag_to_its_service_unchanged(service, monkeypatch):
     serve_argv = ["--port", "8123", "--api-key", "a", "--api-key", "b",
                   "--no-enable-prefix-caching", "--max-num-seqs", "5", "--debug-invariants",
                   "--model", "/m", "--dtype", "bfloat16", "--num-kv-blocks", "99",
                   "--seed", "3", "--max-model-len", "512"]
-    serve_args = cli._serve_parser().parse_args(serve_argv)
-    handed = parse(service, to_argv(serve_args, service), "t")
+    serve_args = cli._serve_parser().parse_args(serve_argv + ["--worker-auth-token", "s3"])
+    argv = to_argv(serve_args, service)
+    assert "a" not in argv and "s3" not in argv, "secrets never go on a command line"
+    for name, value in to_env(serve_args, service).items():
+        monkeypatch.setenv(name, value)
+    handed = parse(service, argv, "t")
     for flag in flags_for(service):
         if flag.name in ("--scheduler", "--metrics-port"):
             continue  # serve sets these per process

@@ -102,6 +102,20 @@ class Executor:
         result.step_seconds = time.perf_counter() - started
         return result
 
+    def fail_plan(self, plan: worker_pb2.Plan, message: str) -> worker_pb2.StepResult:
+        """A step that raised: every request in it ends with an error, and whatever any of them
+        may have half-written is forgotten; the worker itself keeps serving."""
+        result = worker_pb2.StepResult(step_id=plan.step_id)
+        ids = [r.request_id for r in plan.new_requests] + [r.request_id for r in plan.continuing]
+        for request_id in ids:
+            seq = self.seqs.pop(request_id, None)
+            if seq is not None:
+                self._forget(seq.block_table)
+            result.errors.add(request_id=request_id, message=message)
+        for new in plan.new_requests:
+            self._forget(new.block_ids)
+        return result
+
     def _admit(self, new: worker_pb2.NewRequest, state: StepState,
                result: worker_pb2.StepResult) -> SeqState | None:
         mismatched: list[int] = []

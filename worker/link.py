@@ -10,13 +10,12 @@ from collections.abc import Iterator
 
 import grpc
 
+from kvledger.rpc import CHANNEL_OPTIONS
 from protos import worker_pb2, worker_pb2_grpc
 from worker.executor import Executor
 from worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
-
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 class WorkerLinkClient:
@@ -44,13 +43,21 @@ class WorkerLinkClient:
                 self._serve_once()
             except grpc.RpcError as err:
                 if err.code() in (grpc.StatusCode.UNAUTHENTICATED,
-                                  grpc.StatusCode.ALREADY_EXISTS):
+                                  grpc.StatusCode.ALREADY_EXISTS,
+                                  grpc.StatusCode.FAILED_PRECONDITION):
                     raise SystemExit(f"scheduler refused this worker: {err.details()}") from err
                 log.warning("link to scheduler %s lost: %s", self.target, err.code().name)
             if time.monotonic() - started > 10:
                 backoff = 0.2
             self.stopping.wait(backoff)
             backoff = min(backoff * 2, 5.0)
+
+    def _step(self, plan: worker_pb2.Plan) -> worker_pb2.StepResult:
+        try:
+            return self.executor.step(plan)
+        except Exception as err:  # a poison request must not take the worker down with it
+            log.exception("step %d failed; its requests end with an error", plan.step_id)
+            return self.executor.fail_plan(plan, f"the worker failed this step: {err}")
 
     def _serve_once(self) -> None:
         outbox: queue.SimpleQueue[worker_pb2.WorkerMessage | None] = queue.SimpleQueue()
@@ -64,9 +71,7 @@ class WorkerLinkClient:
             while (message := outbox.get()) is not None:
                 yield message
 
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
-        with grpc.insecure_channel(self.target, options=options) as channel:
+        with grpc.insecure_channel(self.target, options=CHANNEL_OPTIONS) as channel:
             stub = worker_pb2_grpc.WorkerLinkStub(channel)
             log.info("connecting to scheduler at %s", self.target)
             self._call = stub.Connect(outgoing(), wait_for_ready=True)
@@ -75,7 +80,7 @@ class WorkerLinkClient:
             try:
                 for plan in self._call:
                     stale_before = self.executor.counters.stale_block_hits
-                    result = self.executor.step(plan)
+                    result = self._step(plan)
                     self.metrics.observe(result,
                                          self.executor.counters.stale_block_hits - stale_before)
                     outbox.put(worker_pb2.WorkerMessage(result=result))

@@ -168,10 +168,20 @@ def test_unknown_fields_are_ignored(http):
     assert reply.status_code == 200
 
 
-def test_body_too_large_is_413(http):
-    reply = http.post("/v1/completions", content=b"{" + b" " * (5 * 1024 * 1024) + b"}",
+def test_body_too_large_is_413_declared_or_chunked(http):
+    big = b"{" + b" " * (5 * 1024 * 1024) + b"}"
+    reply = http.post("/v1/completions", content=big,
                       headers={"Content-Type": "application/json"})
     assert reply.status_code == 413
+
+    def chunks():
+        for i in range(0, len(big), 1 << 20):
+            yield big[i:i + (1 << 20)]
+
+    reply = http.post("/v1/completions", content=chunks(),
+                      headers={"Content-Type": "application/json"})
+    assert reply.status_code == 413
+    assert reply.json()["error"]["message"].startswith("the request body is larger")
 
 
 def test_tokenize_roundtrip(http):

@@ -34,11 +34,12 @@ class PositionRunner:
 
 
 class Worker:
-    def __init__(self, target: str, worker_id: str, num_blocks: int = 64) -> None:
+    def __init__(self, target: str, worker_id: str, num_blocks: int = 64,
+                 vocab_size: int = VOCAB) -> None:
         reg = worker_pb2.Registration(
             worker_id=worker_id, model_name="m", model_path="/nonexistent",
             kind=frontend_pb2.MODEL_KIND_GENERATE, block_size=4, num_blocks=num_blocks,
-            max_model_len=256, vocab_size=VOCAB, eos_token_ids=[EOS])
+            max_model_len=256, vocab_size=vocab_size, eos_token_ids=[EOS])
         self.client = WorkerLinkClient(target, reg, Executor(PositionRunner()),
                                        WorkerMetrics("m", worker_id))
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -195,3 +196,15 @@ def test_without_chunked_prefill_a_long_prompt_runs_in_one_step():
             wait_for(lambda: ledger_idle(scheduler))
         finally:
             worker.stop()
+
+
+def test_a_worker_that_differs_from_its_model_peers_is_refused(scheduler):
+    first = Worker(scheduler.target, "w0")
+    try:
+        wait_for(lambda: len(scheduler.engine.links) == 1)
+        odd = Worker(scheduler.target, "w1", vocab_size=VOCAB + 1)
+        odd.thread.join(10)
+        assert not odd.thread.is_alive(), "the refused worker stops instead of retrying"
+        assert list(scheduler.engine.links) == ["w0"]
+    finally:
+        first.stop()

@@ -230,3 +230,16 @@ def test_embedding_request_on_a_generating_stand_in_fails_alone():
     result = ex.step(worker_pb2.Plan(new_requests=[req, new_request("g", [1, 2], [0], 0, 2)]))
     assert [(e.request_id, "embeddings" in e.message) for e in result.errors] == [("e", True)]
     assert [s.request_id for s in result.sampled] == ["g"]
+
+
+def test_a_failed_step_errors_its_requests_and_forgets_their_blocks():
+    ex = Executor(RecordingRunner())
+    ex.step(worker_pb2.Plan(new_requests=[
+        new_request("a", list(range(4)), [3], 0, 4, written=[bh(3, b"x")])]))
+    plan = worker_pb2.Plan(step_id=9, continuing=[worker_pb2.ContinueRequest(
+        request_id="a", num_computed_tokens=4, num_scheduled_tokens=1)], new_requests=[
+        new_request("b", [1, 2], [5], 0, 2)])
+    result = ex.fail_plan(plan, "boom")
+    assert result.step_id == 9
+    assert sorted(e.request_id for e in result.errors) == ["a", "b"]
+    assert ex.seqs == {} and 3 not in ex.provenance

@@ -1,0 +1,23 @@
+"""gRPC settings every service shares."""
+
+from __future__ import annotations
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+# HTTP/2 keepalive pings: a worker or scheduler that vanished without closing its connection
+# (power loss, partition, SIGSTOP) breaks the stream within ~15 s instead of never.
+_KEEPALIVE = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+_MESSAGES = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+
+CHANNEL_OPTIONS = _MESSAGES + _KEEPALIVE
+SERVER_OPTIONS = _MESSAGES + _KEEPALIVE + [
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
