@@ -168,3 +168,26 @@ def test_streamed_logprobs_match_with_a_stop_string(client):
     streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
     assert streamed == full.logprobs.tokens
     assert sum(1 for c in chunks if c.choices[0].finish_reason) == 1
+
+
+def test_sigterm_during_startup_stops_everything(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from tests.serving import REPO, descendants, free_port
+
+    cmd = [sys.executable, "-m", "kvledger.cli", "serve", "--port", str(free_port()),
+           "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
+           "--embedding-model", "none", "--require-model", "never-served"]
+    process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while len(descendants(process.pid)) < 3:
+        assert time.monotonic() < deadline, "services never started"
+        time.sleep(0.1)
+    children = descendants(process.pid)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    time.sleep(0.5)
+    assert not [p for p in children if alive(p)]
