@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -23,6 +24,16 @@ log = logging.getLogger(__name__)
 
 # A cached token is worth this many queued requests when choosing a worker.
 CACHED_TOKENS_PER_QUEUED_REQUEST = 64
+
+
+def _refreeze_gc() -> None:
+    """Moves what is alive now (above all the block pools, full of reference cycles through the
+    free queue) out of the collector's reach: a full collection over a large pool otherwise
+    stalls a scheduling step for tens of milliseconds. Unfreezing first lets the collector
+    reclaim a dropped pool; registrations and losses are rare, so the collection is too."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
@@ -113,6 +124,7 @@ class Engine:
         link = WorkerLink(registration, cfg, self._on_update)
         self.links[link.worker_id] = link
         self.known_models.add(link.model)
+        _refreeze_gc()
         log.info("worker %s registered: model %s, %d blocks of %d tokens", link.worker_id,
                  link.model, registration.num_blocks, registration.block_size)
         return link
@@ -135,6 +147,7 @@ class Engine:
         del self.links[link.worker_id]
         orphans = link.close()
         log.warning("worker %s lost with %d live requests", link.worker_id, len(orphans))
+        _refreeze_gc()  # after close(): the dropped pool must not stay frozen
         for live in orphans:
             if live.done:
                 continue

@@ -208,3 +208,17 @@ def test_a_worker_that_differs_from_its_model_peers_is_refused(scheduler):
         assert list(scheduler.engine.links) == ["w0"]
     finally:
         first.stop()
+
+
+def test_a_lost_workers_pool_is_not_kept_frozen(scheduler):
+    import gc
+
+    baseline = None
+    for i in range(3):
+        worker = Worker(scheduler.target, f"w{i}", num_blocks=5000)
+        wait_for(lambda: len(scheduler.engine.links) == 1)
+        worker.stop()
+        wait_for(lambda: not scheduler.engine.links)
+        frozen = scheduler.call(gc.get_freeze_count)
+        baseline = frozen if baseline is None else baseline
+        assert frozen < baseline + 1000, "each lost pool stayed in the permanent generation"
