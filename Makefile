@@ -45,6 +45,8 @@ check-protos: install
 
 bench: install
 	$(BIN)/python benchmarks/scheduler_step.py
+	$(BIN)/python benchmarks/worker_forward.py
+	$(BIN)/python benchmarks/serving.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
