@@ -17,7 +17,7 @@ from worker.config import EncoderConfig
 from worker.loader import load_weights
 from worker.model_runner import default_threads, resolve_dtype
 from worker.models import build_encoder
-from worker.pooling import EmbedItem, PoolingConfig, check_item, finish, pool
+from worker.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +59,8 @@ class EmbeddingRunner:
         """One bidirectional pass over the whole batch; a vector per item."""
         if not items:
             return []
-        for item in items:
-            if (error := check_item(item, self.vocab_size, self.max_model_len,
-                                    self.embedding_size)):
-                raise ValueError(f"request {item.request_id}: {error}")
-        lens = [len(item.token_ids) for item in items]
-        ids = torch.tensor([t for item in items for t in item.token_ids], device=self.device)
+        lens, ids = flat_inputs(items, self.vocab_size, self.max_model_len, self.embedding_size,
+                                self.device)
         hidden = self.model(ids, seq_positions(lens, self.device),
                             dense_plan(lens, False, self.device))
         return finish(pool(hidden, lens, self.pooling.mode), items, self.pooling.normalize)

@@ -15,7 +15,7 @@ from worker.config import EncoderConfig, ModelConfig
 from worker.kv_cache import KVCache, KVShape
 from worker.loader import load_weights
 from worker.models import build_model
-from worker.pooling import EmbedItem, PoolingConfig, check_item, finish, pool
+from worker.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
 from worker.sampler import Sample, Sampler
 
 log = logging.getLogger(__name__)
@@ -121,12 +121,8 @@ class ModelRunner:
         """Whole prompts in one causal pass that keeps nothing in the KV cache."""
         if not items:
             return []
-        for item in items:
-            if (error := check_item(item, self.vocab_size, self.max_model_len,
-                                    self.embedding_size)):
-                raise ValueError(f"request {item.request_id}: {error}")
-        lens = [len(item.token_ids) for item in items]
-        ids = torch.tensor([t for item in items for t in item.token_ids], device=self.device)
+        lens, ids = flat_inputs(items, self.vocab_size, self.max_model_len, self.embedding_size,
+                                self.device)
         plan = dense_plan(lens, True, self.device, self.config.sliding_window)
         hidden = self.model(ids, seq_positions(lens, self.device), plan)
         return finish(pool(hidden, lens, self.pooling.mode), items, self.pooling.normalize)

@@ -110,3 +110,14 @@ def check_item(item: EmbedItem, vocab_size: int, max_len: int, size: int) -> str
     if not 0 <= item.dimensions <= size:
         return f"dimensions must be in [1, {size}], got {item.dimensions}"
     return None
+
+
+def flat_inputs(items: list[EmbedItem], vocab_size: int, max_len: int, size: int,
+                device: torch.device) -> tuple[list[int], torch.Tensor]:
+    """Validates a batch of embedding inputs; returns their lengths and one flat id tensor."""
+    for item in items:
+        if (error := check_item(item, vocab_size, max_len, size)):
+            raise ValueError(f"request {item.request_id}: {error}")
+    lens = [len(item.token_ids) for item in items]
+    ids = torch.tensor([t for item in items for t in item.token_ids], device=device)
+    return lens, ids
