@@ -235,10 +235,9 @@ class Engine:
                 raise PlacementError(grpc.StatusCode.UNAVAILABLE,
                                      f"no worker for model {model!r} is up")
             raise PlacementError(grpc.StatusCode.NOT_FOUND, f"model {model!r} does not exist")
-        if links[0].is_embedding != embed:
-            what = "an embedding" if links[0].is_embedding else "a generative"
+        if links[0].is_embedding and not embed:
             raise PlacementError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"model {model!r} is {what} model")
+                                 f"model {model!r} is an embedding model")
         waiting = sum(link.scheduler.num_waiting for link in links)
         if waiting >= self.config.max_waiting_requests:
             raise PlacementError(grpc.StatusCode.RESOURCE_EXHAUSTED,

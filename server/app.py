@@ -166,9 +166,7 @@ def build_app(settings: Settings) -> FastAPI:
     async def embeddings(body: EmbeddingRequest, request: Request,
                          who: str = Depends(tenant)) -> dict:
         del who
-        model = await model_for(body.model)
-        if not model.is_embedding:
-            raise APIError(400, f"model `{model.name}` does not serve embeddings", param="model")
+        model = await model_for(body.model)  # decoders embed too (last-token pooling)
         inputs = tokenize_prompts(CompletionRequest(model=body.model, prompt=body.input), model)
         width = model.info.embedding_size
         if body.dimensions is not None and width and body.dimensions > width:

@@ -53,6 +53,8 @@ class Request:
         self.eos_token_ids = frozenset(self.eos_token_ids)
         self.stop_token_ids = frozenset(self.stop_token_ids)
         self._token_ids = self.prompt_token_ids + self.output_token_ids
+        if self.is_embedding:  # one whole pass of its own: it neither reads nor fills the cache
+            self.skip_prefix_cache = True
 
     @property
     def all_token_ids(self) -> list[int]:

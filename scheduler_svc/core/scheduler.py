@@ -231,7 +231,8 @@ class Scheduler:
             lookup = tracker.lookup(request)
             num_new = request.num_tokens - lookup.num_tokens
             if num_new > budget:
-                if not config.enable_chunked_prefill:
+                # An embedding is one pass over the whole input: it is never split.
+                if not config.enable_chunked_prefill or request.is_embedding:
                     tracker.release_lookup(rid, "token_budget")
                     break
                 num_new = budget
@@ -439,6 +440,11 @@ class Scheduler:
             return (
                 f"the prompt needs {cdiv(num_prompt, config.block_size)} KV blocks but the "
                 f"worker's pool has only {self.kv.num_blocks_total}"
+            )
+        if request.is_embedding and num_prompt > config.max_num_batched_tokens:
+            return (
+                f"an embedding input of {num_prompt} tokens exceeds the step's token budget "
+                f"of {config.max_num_batched_tokens}"
             )
         if not request.is_embedding and request.max_tokens < 1:
             return "max_tokens must be at least 1"

@@ -193,17 +193,35 @@ def test_reset_prefix_cache_only_when_every_block_is_free(kv: bool) -> None:
 
 def test_embedding_requests_finish_when_their_prompt_is_computed(kv: bool) -> None:
     h = Harness.build(kv, max_num_batched_tokens=8)
-    e = request("e", range(12), max_tokens=0, is_embedding=True)
+    e = request("e", range(8), max_tokens=0, is_embedding=True)
     h.add(e)
     out = h.step()
-    assert out.new[0].num_scheduled_tokens == 8 and h.finish_of("e") is None
-    h.step()
+    assert out.new[0].num_scheduled_tokens == 8
     end = h.finish_of("e")
     assert end.finish_reason == "stop" and end.new_token_ids == [] and e.output_token_ids == []
     h.add(request("lost", range(4), max_tokens=0, is_embedding=True))
     h.plan()
     h.finish_step(withhold=["lost"])
     assert h.finish_of("lost").finish_reason == "error"
+    h.run_to_idle()
+
+
+def test_embedding_requests_are_never_split_across_steps(kv: bool) -> None:
+    h = Harness.build(kv, max_num_batched_tokens=8)
+    h.add(request("big", range(12), max_tokens=0, is_embedding=True))
+    h.step()
+    big = h.finish_of("big")
+    assert big.finish_reason == "ignored" and "token budget" in big.finish_message
+    h.add(request("g", range(4), max_tokens=3))
+    h.step()  # g's prompt
+    h.add(request("e", range(8), max_tokens=0, is_embedding=True))  # shares g's first block
+    out = h.step()  # g decodes one token: 7 left, too few for e, which waits whole
+    assert [n.request_id for n in out.new] == [] and h.finish_of("e") is None
+    while h.finish_of("e") is None:
+        out = h.step()
+        for n in out.new:
+            if n.request_id == "e":  # whole, and without reading g's cached block
+                assert (n.num_computed_tokens, n.num_scheduled_tokens, n.claimed) == (0, 8, [])
     h.run_to_idle()
 
 

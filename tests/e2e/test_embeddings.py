@@ -77,8 +77,6 @@ def test_dimensions_truncate_and_renormalise(client, reference):
 
 def test_embedding_errors(client):
     with pytest.raises(openai.BadRequestError):
-        client.embeddings.create(model="tiny-llama", input="x")
-    with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model=MODEL, input="word " * 400)
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt="x", max_tokens=2)
@@ -86,3 +84,24 @@ def test_embedding_errors(client):
         client.embeddings.create(model="nope", input="x")
     with pytest.raises(openai.BadRequestError, match="dimensions"):
         client.embeddings.create(model=MODEL, input="x", dimensions=5000)
+
+
+def test_a_decoder_embeds_with_last_token_pooling(client):
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import LlamaModel
+
+    from kvledger.models import resolve_model
+
+    path = resolve_model("tiny-llama")
+    text = "The ledger is exact."
+    ids = Tokenizer.from_file(str(path / "tokenizer.json")).encode(text).ids
+    with torch.inference_mode():
+        hidden = LlamaModel.from_pretrained(path, torch_dtype=torch.float32)(
+            torch.tensor([ids])).last_hidden_state[0, -1]
+    want = torch.nn.functional.normalize(hidden, dim=0).numpy()
+    out = client.embeddings.create(model="tiny-llama", input=text, encoding_format="float")
+    assert len(out.data[0].embedding) == 256
+    assert cosine(out.data[0].embedding, want) >= 0.9999
+    again = client.embeddings.create(model="tiny-llama", input=[text, text + " twice"])
+    assert cosine(again.data[0].embedding, want) >= 0.9999
