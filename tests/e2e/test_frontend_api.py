@@ -211,7 +211,7 @@ def test_client_disconnect_releases_blocks_and_tracker(served, stream):
         assert time.monotonic() < deadline, "request never started"
         time.sleep(0.02)
     sock.close()
-    assert idle(served, timeout=1.5), "blocks or tracker entries outlived the client"
+    assert idle(served, timeout=1.0), "blocks or tracker entries outlived the client"
 
 
 JSON_VALUES = st.recursive(
