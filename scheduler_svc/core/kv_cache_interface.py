@@ -85,8 +85,10 @@ class KVManager(ABC):
         token_ids: Sequence[int],
         chain: Sequence[BlockHash],
         num_full_blocks: int,
+        cache: bool = True,
     ) -> list[BlockHashPair]:
-        """Cache the blocks that became full; returns them with their hashes (for `written`)."""
+        """Cache the blocks that became full; returns them with their hashes (for `written`).
+        With `cache=False` the blocks only count as committed: no hash, nothing declared."""
 
     @abstractmethod
     def free(self, request_id: str) -> None: ...

@@ -130,13 +130,14 @@ class KVCacheManager(KVManager):
         token_ids: Sequence[int],
         chain: Sequence[BlockHash],
         num_full_blocks: int,
+        cache: bool = True,
     ) -> list[BlockHashPair]:
         table = self.tables[request_id]
         start = table.num_committed
         if num_full_blocks <= start:
             return []
         table.num_committed = num_full_blocks
-        if not self._caching:
+        if not (self._caching and cache):
             return []
         size, blocks, register = self.block_size, table.blocks, self.pool.register
         written: list[BlockHashPair] = []

@@ -62,6 +62,7 @@ class NoKVCacheManager(KVManager):
         token_ids: Sequence[int],
         chain: Sequence[BlockHash],
         num_full_blocks: int,
+        cache: bool = True,
     ) -> list[BlockHashPair]:
         return []
 

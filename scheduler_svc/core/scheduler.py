@@ -278,9 +278,11 @@ class Scheduler:
 
     def _commit(self, request: Request, num_tokens: int) -> list[BlockHashPair]:
         num_full = num_tokens // self.config.block_size
-        chain = self.tracker.chain(request, num_full) if self.config.caches_prefixes else []
+        # An embedding pass writes no KV: its blocks hold nothing worth a hash or a claim.
+        cache = self.config.caches_prefixes and not request.is_embedding
+        chain = self.tracker.chain(request, num_full) if cache else []
         return self.kv.commit_full_blocks(
-            request.request_id, request.all_token_ids, chain, num_full
+            request.request_id, request.all_token_ids, chain, num_full, cache=cache
         )
 
     # -- one step: results ----------------------------------------------------------------
