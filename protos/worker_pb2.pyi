@@ -117,6 +117,16 @@ class SampledToken(_message.Message):
     logprob: _frontend_pb2.TokenLogprob
     def __init__(self, request_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprob: _Optional[_Union[_frontend_pb2.TokenLogprob, _Mapping]] = ...) -> None: ...
 
+class PromptLogprobs(_message.Message):
+    __slots__ = ("request_id", "start", "entries")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    start: int
+    entries: _containers.RepeatedCompositeFieldContainer[_frontend_pb2.TokenLogprob]
+    def __init__(self, request_id: _Optional[str] = ..., start: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[_frontend_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
+
 class RequestError(_message.Message):
     __slots__ = ("request_id", "message")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -134,7 +144,7 @@ class RequestEmbedding(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "sampled", "errors", "embeddings", "stale_request_ids", "stored", "removed_block_ids", "all_cleared", "step_seconds")
+    __slots__ = ("step_id", "sampled", "errors", "embeddings", "stale_request_ids", "stored", "removed_block_ids", "all_cleared", "step_seconds", "prompt_logprobs")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +154,7 @@ class StepResult(_message.Message):
     REMOVED_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     ALL_CLEARED_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     sampled: _containers.RepeatedCompositeFieldContainer[SampledToken]
     errors: _containers.RepeatedCompositeFieldContainer[RequestError]
@@ -153,4 +164,5 @@ class StepResult(_message.Message):
     removed_block_ids: _containers.RepeatedScalarFieldContainer[int]
     all_cleared: bool
     step_seconds: float
-    def __init__(self, step_id: _Optional[int] = ..., sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[RequestError, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[RequestEmbedding, _Mapping]]] = ..., stale_request_ids: _Optional[_Iterable[str]] = ..., stored: _Optional[_Iterable[_Union[BlockHash, _Mapping]]] = ..., removed_block_ids: _Optional[_Iterable[int]] = ..., all_cleared: _Optional[bool] = ..., step_seconds: _Optional[float] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[PromptLogprobs]
+    def __init__(self, step_id: _Optional[int] = ..., sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[RequestError, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[RequestEmbedding, _Mapping]]] = ..., stale_request_ids: _Optional[_Iterable[str]] = ..., stored: _Optional[_Iterable[_Union[BlockHash, _Mapping]]] = ..., removed_block_ids: _Optional[_Iterable[int]] = ..., all_cleared: _Optional[bool] = ..., step_seconds: _Optional[float] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobs, _Mapping]]] = ...) -> None: ...

@@ -30,7 +30,7 @@ def plan_from_output(out: SchedulerOutput,
             num_computed_tokens=new.num_computed_tokens,
             num_scheduled_tokens=new.num_scheduled_tokens,
             num_prompt_tokens=new.num_prompt_tokens,
-            sampling=live.sampling,
+            sampling=live.plan_sampling(),
             claimed=_hashes(new.claimed),
             written=_hashes(new.written),
         )

@@ -189,7 +189,8 @@ class Engine:
             min_tokens=req.stop.min_tokens,
             priority=req.priority,
             cache_salt=req.cache_salt or None,
-            skip_prefix_cache=req.skip_prefix_cache,
+            # Prompt logprobs need every prompt position computed: nothing read from the cache.
+            skip_prefix_cache=req.skip_prefix_cache or req.sampling.HasField("prompt_logprobs"),
         )
         live = LiveRequest(core=core, model=req.model, sampling=req.sampling)
         return self._admit(live)

@@ -90,6 +90,10 @@ class WorkerLink:
             live = self.live.get(sampled.request_id)
             if live is not None and sampled.HasField("logprob"):
                 live.step_logprob = sampled.logprob
+        for prompt in result.prompt_logprobs:
+            live = self.live.get(prompt.request_id)
+            if live is not None:
+                live.receive_prompt_logprobs(prompt.start, prompt.entries)
         updates = self.scheduler.update_from_output(out, model_result_from(result))
         self.steps += 1
         self._dispatch(updates)
@@ -108,7 +112,8 @@ class WorkerLink:
                 continue
             if update.finish_reason is not None:
                 del self.live[update.request_id]
-            self._on_update(live, Delivery(update, self._logprobs_for(live, update)))
+            self._on_update(live, Delivery(update, self._logprobs_for(live, update),
+                                           live.take_prompt_logprobs()))
 
     @staticmethod
     def _logprobs_for(live: LiveRequest,

@@ -36,6 +36,7 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, update.finish_message)
                 response = response_from_update(update)
                 response.logprobs.extend(item.logprobs)
+                response.prompt_logprobs.extend(item.prompt_logprobs)
                 yield response
                 if update.finish_reason is not None:
                     return

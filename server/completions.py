@@ -6,10 +6,11 @@ import asyncio
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
+from tokenizers import Tokenizer
 
 from protos import frontend_pb2, frontend_pb2_grpc
 from server.client import ServedModel
@@ -20,34 +21,25 @@ from server.protocol import CompletionRequest
 
 
 @dataclass
-class ChoiceLogprobs:
-    """OpenAI's legacy completions logprobs, one entry per generated token."""
-
+class LogprobColumns:
     tokens: list[str] = field(default_factory=list)
     token_logprobs: list[float | None] = field(default_factory=list)
     top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
     text_offset: list[int] = field(default_factory=list)
-    sent: int = 0  # entries already streamed
 
-    def add(self, token: str, entry: frontend_pb2.TokenLogprob, offset: int,
-            top: dict[str, float] | None) -> None:
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, token: str, logprob: float | None, top: dict[str, float] | None,
+            offset: int) -> None:
         self.tokens.append(token)
-        self.token_logprobs.append(_finite(entry.logprob))
+        self.token_logprobs.append(logprob)
         self.top_logprobs.append(top)
         self.text_offset.append(offset)
 
-    def truncate(self, text_length: int) -> None:
-        """A stop string cut the text: drop the tokens that now lie past its end."""
-        keep = sum(1 for offset in self.text_offset if offset < text_length)
+    def truncate(self, keep: int) -> None:
         for column in (self.tokens, self.token_logprobs, self.top_logprobs, self.text_offset):
             del column[keep:]
-
-    def take_sent(self, text_sent: int, final: bool) -> dict:
-        """Streaming: the entries whose text has started going out (all of them at the end),
-        so a stop string that later cuts the text never leaves a streamed token behind."""
-        end = len(self.tokens) if final else sum(1 for o in self.text_offset if o < text_sent)
-        start, self.sent = self.sent, max(self.sent, end)
-        return self.body(start, self.sent)
 
     def body(self, start: int = 0, end: int | None = None) -> dict:
         return {"tokens": self.tokens[start:end], "token_logprobs": self.token_logprobs[start:end],
@@ -55,8 +47,72 @@ class ChoiceLogprobs:
                 "text_offset": self.text_offset[start:end]}
 
 
+@dataclass
+class ChoiceLogprobs:
+    """OpenAI's legacy completions logprobs: with echo, one entry per prompt token first (the
+    first has no logprob), then one per generated token. Text offsets count from the start of
+    the returned text, echoed prompt included."""
+
+    echo_length: int = 0  # where the generated text starts in the returned text
+    awaiting_prompt: bool = False  # echo: the prompt's entries come with the first response
+    prompt: LogprobColumns = field(default_factory=LogprobColumns)
+    output: LogprobColumns = field(default_factory=LogprobColumns)
+    sent: int = 0  # output entries already streamed
+    prompt_sent: bool = False
+
+    def add(self, token: str, entry: frontend_pb2.TokenLogprob, offset: int,
+            top: dict[str, float] | None) -> None:
+        """A generated token whose text starts at `offset` of the generated text."""
+        self.output.add(token, _finite(entry.logprob), top, self.echo_length + offset)
+
+    def truncate(self, text_length: int) -> None:
+        """A stop string cut the generated text: drop the tokens that now lie past its end."""
+        self.output.truncate(self._starting_before(text_length))
+
+    def take_sent(self, text_sent: int, final: bool) -> dict:
+        """Streaming: the entries whose text has started going out (all of them at the end),
+        so a stop string that later cuts the text never leaves a streamed token behind. The
+        prompt's entries go out with the first chunk, as the echoed prompt does."""
+        end = len(self.output) if final else self._starting_before(text_sent)
+        start, self.sent = self.sent, max(self.sent, end)
+        body = self.output.body(start, self.sent)
+        if not self.prompt_sent:
+            self.prompt_sent = True
+            body = _joined(self.prompt.body(), body)
+        return body
+
+    def body(self) -> dict:
+        return _joined(self.prompt.body(), self.output.body())
+
+    def _starting_before(self, text_length: int) -> int:
+        limit = self.echo_length + text_length
+        return sum(1 for offset in self.output.text_offset if offset < limit)
+
+
+def _joined(first: dict, second: dict) -> dict:
+    return {key: first[key] + second[key] for key in first}
+
+
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class Echo:
+    """A prompt as echoed: its text, and where each of its tokens' text starts in it."""
+
+    text: str
+    offsets: list[int]
+
+
+def echo_of(tokenizer: Tokenizer, prompt: list[int]) -> Echo:
+    """Token by token, as generated text is detokenized, so that offsets index the text."""
+    detokenizer = IncrementalDetokenizer(tokenizer, [], skip_special_tokens=True)
+    text, offsets = "", []
+    for token in prompt:
+        offsets.append(len(text))
+        text += detokenizer.push([token])
+    return Echo(text + detokenizer.flush(), offsets)
 
 
 @dataclass
@@ -69,6 +125,9 @@ class Choice:
     sent: int = 0  # characters of text already streamed
     echoed: bool = False
     closed: bool = False  # streaming: the chunk with the finish reason was sent
+    # max_tokens 0 with echo (OpenAI's way to score a prompt alone): the one token generated
+    # to end the request is dropped.
+    echo_only: bool = False
     num_tokens: int = 0
     num_cached_tokens: int = 0
     finish_reason: str | None = None
@@ -81,6 +140,7 @@ class Completion:
     model: ServedModel
     body: CompletionRequest
     prompts: list[list[int]]
+    echoes: list[Echo] = field(default_factory=list)  # one per prompt, with echo
     choices: list[Choice] = field(default_factory=list)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -97,14 +157,6 @@ class Completion:
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": sum(cached)}}
-
-
-def _reject_unsupported(body: CompletionRequest) -> None:
-    """Fields whose sampling the worker does not implement yet: refuse rather than ignore."""
-    unsupported = {"echo with logprobs": body.echo and body.logprobs is not None}
-    for param, used in unsupported.items():
-        if used:
-            raise APIError(400, f"`{param}` is not supported by this server yet", param=param)
 
 
 def tokenize_prompts(body: CompletionRequest, model: ServedModel) -> list[list[int]]:
@@ -132,12 +184,16 @@ def build_completion(body: CompletionRequest, model: ServedModel, salt: str,
                      limits: Limits) -> Completion:
     if model.is_embedding:
         raise APIError(400, f"model `{model.name}` is an embedding model", param="model")
-    _reject_unsupported(body)
+    if body.max_tokens == 0 and not body.echo:
+        raise APIError(400, "max_tokens must be at least 1 (0 only with echo: the prompt alone)",
+                       param="max_tokens")
     prompts = tokenize_prompts(body, model)
     check_completion(body, limits, len(prompts))
     limit = model.info.max_model_len
     completion = Completion(id=f"cmpl-{uuid.uuid4().hex}", model=model, body=body,
                             prompts=prompts)
+    if body.echo:
+        completion.echoes = [echo_of(model.tokenizer, p) for p in prompts]
     for p_index, prompt in enumerate(prompts):
         # Without max_tokens, a completion may fill the context, but must have room for one.
         max_tokens = body.max_tokens if body.max_tokens is not None else limit - len(prompt)
@@ -153,9 +209,12 @@ def build_completion(body: CompletionRequest, model: ServedModel, salt: str,
             request = _generate_request(body, model, prompt, max_tokens, salt,
                                         f"{completion.id}-{index}")
             detok = IncrementalDetokenizer(model.tokenizer, prompt, body.skip_special_tokens)
-            choice = Choice(index, p_index, request, detok)
+            choice = Choice(index, p_index, request, detok, echo_only=body.max_tokens == 0)
             if body.logprobs is not None:
                 choice.logprobs = ChoiceLogprobs()
+                if body.echo:
+                    choice.logprobs.echo_length = len(completion.echoes[p_index].text)
+                    choice.logprobs.awaiting_prompt = True
             completion.choices.append(choice)
             del n
     return completion
@@ -177,12 +236,15 @@ def _generate_request(body: CompletionRequest, model: ServedModel, prompt: list[
     )
     if body.seed is not None:
         sampling.seed = body.seed
+    scores_prompt = body.echo and body.logprobs is not None
+    if scores_prompt:
+        sampling.prompt_logprobs = body.logprobs
     stop = frontend_pb2.StopCriteria(max_tokens=max_tokens,
                                      stop_token_ids=body.stop_token_ids or [],
                                      ignore_eos=body.ignore_eos, min_tokens=body.min_tokens)
     return frontend_pb2.GenerateRequest(
         request_id=request_id, model=model.name, prompt_token_ids=prompt, sampling=sampling,
-        stop=stop, cache_salt=salt, priority=body.priority)
+        stop=stop, cache_salt=salt, priority=body.priority, skip_prefix_cache=scores_prompt)
 
 
 async def run_choice(stub: frontend_pb2_grpc.SchedulerStub, completion: Completion,
@@ -193,16 +255,16 @@ async def run_choice(stub: frontend_pb2_grpc.SchedulerStub, completion: Completi
     try:
         async for response in call:
             choice.num_cached_tokens = response.num_cached_tokens
-            choice.num_tokens += len(response.token_ids)
-            if choice.logprobs is not None:
-                _push_with_logprobs(completion, choice, response)
-            else:
-                choice.text += choice.detokenizer.push(list(response.token_ids))
+            if choice.logprobs is not None and choice.logprobs.awaiting_prompt:
+                _add_prompt_logprobs(completion, choice, response.prompt_logprobs)
+            if not choice.echo_only:
+                _push(completion, choice, response)
             if response.finish_reason:
                 if response.finish_reason == "error":
                     raise APIError(500, response.message or "the worker failed this request")
                 choice.text += choice.detokenizer.flush()
-                choice.finish_reason = "length" if response.finish_reason == "length" else "stop"
+                length = response.finish_reason == "length" or choice.echo_only
+                choice.finish_reason = "length" if length else "stop"
             if stops and _cut_at_stop(choice, stops):
                 choice.finish_reason = "stop"
                 if choice.logprobs is not None:
@@ -216,18 +278,50 @@ async def run_choice(stub: frontend_pb2_grpc.SchedulerStub, completion: Completi
         call.cancel()  # no-op when finished; aborts the request when we stop early
 
 
+def _push(completion: Completion, choice: Choice,
+          response: frontend_pb2.GenerateResponse) -> None:
+    choice.num_tokens += len(response.token_ids)
+    if choice.logprobs is not None:
+        _push_with_logprobs(completion, choice, response)
+    else:
+        choice.text += choice.detokenizer.push(list(response.token_ids))
+
+
 def _push_with_logprobs(completion: Completion, choice: Choice,
                         response: frontend_pb2.GenerateResponse) -> None:
     """Token by token, so each token's text offset is known."""
-    tokenizer = completion.model.tokenizer
     assert choice.logprobs is not None
     for token, entry in zip(response.token_ids, response.logprobs, strict=True):
         offset = len(choice.text)
         choice.text += choice.detokenizer.push([token])
-        top = {tokenizer.decode([t.token_id], skip_special_tokens=False): t.logprob
-               for t in entry.top} if completion.body.logprobs else None
-        choice.logprobs.add(tokenizer.decode([token], skip_special_tokens=False), entry, offset,
-                            top)
+        choice.logprobs.add(_token_text(completion, token), entry, offset,
+                            _top(completion, entry))
+
+
+def _add_prompt_logprobs(completion: Completion, choice: Choice,
+                         entries: Sequence[frontend_pb2.TokenLogprob]) -> None:
+    """The echoed prompt's entries, all sent with the first response: the first token has no
+    logprob; one the scheduler did not send (a bug signal it logs) shows as null too."""
+    assert choice.logprobs is not None
+    prompt = completion.prompts[choice.prompt_index]
+    offsets = completion.echoes[choice.prompt_index].offsets
+    scored: list[frontend_pb2.TokenLogprob | None] = [None, *entries]
+    for i, token in enumerate(prompt):
+        entry = scored[i] if i < len(scored) else None
+        logprob = _finite(entry.logprob) if entry is not None else None
+        top = _top(completion, entry) if entry is not None else None
+        choice.logprobs.prompt.add(_token_text(completion, token), logprob, top, offsets[i])
+    choice.logprobs.awaiting_prompt = False
+
+
+def _token_text(completion: Completion, token: int) -> str:
+    return completion.model.tokenizer.decode([token], skip_special_tokens=False)
+
+
+def _top(completion: Completion, entry: frontend_pb2.TokenLogprob) -> dict[str, float] | None:
+    if not completion.body.logprobs:
+        return None
+    return {_token_text(completion, t.token_id): t.logprob for t in entry.top}
 
 
 def _cut_at_stop(choice: Choice, stops: list[str]) -> bool:
@@ -285,5 +379,4 @@ def stream_text(choice: Choice, holdback: int) -> str:
 def echo_prefix(completion: Completion, choice: Choice) -> str:
     if not completion.body.echo:
         return ""
-    prompt = completion.prompts[choice.prompt_index]
-    return completion.model.tokenizer.decode(prompt, skip_special_tokens=True)
+    return completion.echoes[choice.prompt_index].text

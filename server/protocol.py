@@ -22,7 +22,7 @@ class CompletionRequest(BaseModel):
 
     model: str
     prompt: Prompt
-    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX)
+    max_tokens: int | None = Field(16, ge=0, le=INT32_MAX)  # 0: with echo, the prompt alone
     temperature: float | None = Field(1.0, ge=0.0, le=2.0)
     top_p: float | None = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=INT32_MAX)

@@ -29,14 +29,27 @@ class SeqChunk:
     # same request recomputed elsewhere samples the same tokens.
     seed: int | None = None
     logprobs: int = -1  # -1: none; N >= 0: the sampled token's logprob and the top N
+    # -1: none; N >= 0: the logprob of each prompt token this chunk's positions predict (token
+    # i + 1 from position i) and the top N. The scheduler gives such requests no cache hit, so
+    # some chunk computes every prompt position.
+    prompt_logprobs: int = -1
     # The sequence to date (prompt, then output) and where the prompt ends; read only when a
-    # penalty is set. The executor passes its own list: no copy per step.
+    # penalty is set or prompt logprobs are asked for. The executor passes its own list: no copy
+    # per step.
     all_token_ids: Sequence[int] = ()
     num_prompt_tokens: int = 0
 
     @property
     def end_pos(self) -> int:
         return self.start_pos + len(self.token_ids)
+
+    @property
+    def num_prompt_scored(self) -> int:
+        """Prompt tokens whose logprob this chunk yields: those its positions predict, up to the
+        last prompt token (the last prompt position predicts the first sampled token)."""
+        if self.prompt_logprobs < 0:
+            return 0
+        return max(min(self.end_pos, self.num_prompt_tokens - 1) - self.start_pos, 0)
 
 
 MAX_LOGPROBS = 20
@@ -134,6 +147,11 @@ def _check(chunk: SeqChunk, limits: BatchLimits) -> list[int]:
         raise ValueError(f"{who}: block id outside [0, {limits.num_blocks})")
     if chunk.sample:
         _check_sampling(chunk, who)
+    if chunk.prompt_logprobs > MAX_LOGPROBS:
+        raise ValueError(f"{who}: at most {MAX_LOGPROBS} prompt logprobs, got "
+                         f"{chunk.prompt_logprobs}")
+    if chunk.num_prompt_scored and len(chunk.all_token_ids) < chunk.num_prompt_tokens:
+        raise ValueError(f"{who}: prompt logprobs need the whole prompt")
     return table
 
 

@@ -22,7 +22,7 @@ from typing import Protocol
 from protos import frontend_pb2, worker_pb2
 from worker.batch import BatchLimits, SeqChunk, check_chunk
 from worker.pooling import EmbedItem, check_item
-from worker.sampler import Sample
+from worker.sampler import PromptLogprobs, Sample, TokenLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +223,7 @@ class Executor:
             repetition_penalty=sp.repetition_penalty or 1.0,
             seed=sp.seed if sp.HasField("seed") else None,
             logprobs=sp.logprobs,
+            prompt_logprobs=sp.prompt_logprobs if sp.HasField("prompt_logprobs") else -1,
             all_token_ids=seq.token_ids,
             num_prompt_tokens=seq.num_prompt_tokens,
         )
@@ -267,7 +268,11 @@ class Executor:
                 continue
             seq = self.seqs[chunk.request_id]
             seq.num_computed_tokens += len(chunk.token_ids)
-            if sample is not None:
+            if sample is None:
+                continue
+            if sample.prompt_logprobs is not None:
+                _add_prompt_logprobs(result, seq.request_id, sample.prompt_logprobs)
+            if chunk.sample:
                 seq.token_ids.append(sample.token_id)
                 _add_sampled(result, seq.request_id, sample)
 
@@ -321,9 +326,19 @@ def _pending_writes(plan: worker_pb2.Plan) -> dict[int, tuple[bytes, str]]:
 
 def _add_sampled(result: worker_pb2.StepResult, request_id: str, sample: Sample) -> None:
     sampled = result.sampled.add(request_id=request_id, token_id=sample.token_id)
-    lp = sample.logprobs
-    if lp is not None:
-        sampled.logprob.token_id = sample.token_id
-        sampled.logprob.logprob = lp.logprob
-        for token_id, logprob in zip(lp.top_ids, lp.top_logprobs, strict=True):
-            sampled.logprob.top.add(token_id=token_id, logprob=logprob)
+    if sample.logprobs is not None:
+        _fill_logprob(sampled.logprob, sample.token_id, sample.logprobs)
+
+
+def _add_prompt_logprobs(result: worker_pb2.StepResult, request_id: str,
+                         prompt: PromptLogprobs) -> None:
+    msg = result.prompt_logprobs.add(request_id=request_id, start=prompt.start)
+    for token_id, lp in zip(prompt.token_ids, prompt.entries, strict=True):
+        _fill_logprob(msg.entries.add(), token_id, lp)
+
+
+def _fill_logprob(entry: frontend_pb2.TokenLogprob, token_id: int, lp: TokenLogprobs) -> None:
+    entry.token_id = token_id
+    entry.logprob = lp.logprob
+    for top_id, logprob in zip(lp.top_ids, lp.top_logprobs, strict=True):
+        entry.top.add(token_id=top_id, logprob=logprob)

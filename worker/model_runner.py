@@ -16,9 +16,13 @@ from worker.kv_cache import KVCache, KVShape
 from worker.loader import load_weights
 from worker.models import build_model
 from worker.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
-from worker.sampler import Sample, Sampler
+from worker.sampler import NONFINITE_LOGITS, PromptLogprobs, Sample, Sampler, score_tokens
 
 log = logging.getLogger(__name__)
+
+# Rows of full-vocabulary logits held at once when scoring a prompt: a long prefill chunk would
+# otherwise hold chunk x vocab floats (GBs for a large vocabulary).
+PROMPT_SCORE_ROWS = 256
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -88,7 +92,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
-        """One forward pass for the whole batch; a Sample for each chunk with sample=True.
+        """One forward pass for the whole batch; a Sample for each chunk with sample=True, and
+        for each chunk that scores prompt tokens (`SeqChunk.prompt_logprobs`).
 
         The chunks must be valid (`batch.check_chunk`); the executor drops bad ones first.
         """
@@ -103,6 +108,10 @@ class ModelRunner:
             samples = self.sampler(logits, [chunks[i] for i in sampling])
             for i, sample in zip(sampling, samples, strict=True):
                 out[i] = sample
+        for i, chunk in enumerate(chunks):
+            if chunk.num_prompt_scored:
+                first_row = batch.last_rows[i] - len(chunk.token_ids) + 1
+                out[i] = _with_prompt(out[i], self._score_prompt(hidden, first_row, chunk))
         return out
 
     @torch.inference_mode()
@@ -127,10 +136,33 @@ class ModelRunner:
         hidden = self.model(ids, seq_positions(lens, self.device), plan)
         return finish(pool(hidden, lens, self.pooling.mode), items, self.pooling.normalize)
 
+    def _score_prompt(self, hidden: torch.Tensor, first_row: int, chunk: SeqChunk) -> Sample:
+        """Row i of the chunk (position start_pos + i) predicts prompt token start_pos + i + 1."""
+        count, start = chunk.num_prompt_scored, chunk.start_pos + 1
+        targets = list(chunk.all_token_ids[start:start + count])
+        entries = []
+        for lo in range(0, count, PROMPT_SCORE_ROWS):
+            hi = min(lo + PROMPT_SCORE_ROWS, count)
+            logits = self.model.compute_logits(hidden[first_row + lo:first_row + hi])
+            scored = score_tokens(logits, targets[lo:hi], chunk.prompt_logprobs)
+            if scored is None:
+                return Sample(error=NONFINITE_LOGITS)
+            entries += scored
+        return Sample(prompt_logprobs=PromptLogprobs(start, targets, entries))
+
     def _forward(self, chunks: list[SeqChunk]) -> tuple[StepBatch, torch.Tensor]:
         batch = prepare_batch(chunks, self.limits, self.device, self.config.sliding_window)
         plan = self.backend.plan(batch.attn)
         return batch, self.model(batch.input_ids, batch.positions, plan)
+
+
+def _with_prompt(sample: Sample | None, scored: Sample) -> Sample:
+    """A chunk's sample with its prompt logprobs; an error on either side fails the chunk."""
+    if sample is None or scored.error is not None:
+        return scored
+    if sample.error is None:
+        sample.prompt_logprobs = scored.prompt_logprobs
+    return sample
 
 
 def _max_model_len(requested: int | None, cfg: ModelConfig) -> int:

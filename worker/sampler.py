@@ -25,10 +25,24 @@ class TokenLogprobs:
 
 
 @dataclass
+class PromptLogprobs:
+    start: int  # the prompt token of entries[0] (>= 1: the first prompt token has none)
+    token_ids: list[int]
+    entries: list[TokenLogprobs]
+
+
+@dataclass
 class Sample:
+    """A chunk's output. A chunk that samples nothing has none, unless it scored prompt tokens:
+    then only prompt_logprobs (or error) is set, and token_id means nothing."""
+
     token_id: int = -1
     logprobs: TokenLogprobs | None = None
     error: str | None = None  # set: this request failed; token_id means nothing
+    prompt_logprobs: PromptLogprobs | None = None
+
+
+NONFINITE_LOGITS = "the model produced NaN or infinite logits"
 
 
 def position_generator(seed: int, position: int) -> torch.Generator:
@@ -89,7 +103,7 @@ class Sampler:
                                                [chunks[i].logprobs for i in want]), strict=True):
                 samples[row].logprobs = lp
         for row in failed:
-            samples[row] = Sample(error="the model produced NaN or infinite logits")
+            samples[row] = Sample(error=NONFINITE_LOGITS)
         return samples
 
     def _draw(self, logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tensor:
@@ -123,6 +137,16 @@ class Sampler:
             if chunk.seed is not None:
                 noise[i].exponential_(generator=position_generator(chunk.seed, chunk.end_pos))
         return noise
+
+
+def score_tokens(logits: torch.Tensor, targets: list[int],
+                 top_n: int) -> list[TokenLogprobs] | None:
+    """Raw logprob of targets[r] under logits row r, with the row's top N; None when any row is
+    not finite (the request fails, as a sampling row would)."""
+    logits = logits.float()
+    if not bool(torch.isfinite(logits).all()):
+        return None
+    return _logprobs(torch.log_softmax(logits, dim=-1), targets, [top_n] * len(targets))
 
 
 def _logprobs(raw: torch.Tensor, tokens: list[int], counts: list[int]) -> list[TokenLogprobs]:

@@ -141,7 +141,6 @@ def test_stop_string_cuts_the_text_streaming_and_not(client):
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
     ({"presence_penalty": 3.0}, "presence_penalty"),
-    ({"echo": True, "logprobs": 1}, "echo"),
     ({"model": 5}, "model"),
 ])
 def test_invalid_values_are_400_in_openai_shape(http, served, body, param):

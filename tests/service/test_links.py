@@ -19,9 +19,10 @@ from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
 from scheduler_svc.__main__ import start
 from tests.serving import free_port
 from worker.batch import SeqChunk
-from worker.executor import Executor
+from worker.executor import Executor, Runner
 from worker.link import WorkerLinkClient
 from worker.metrics import WorkerMetrics
+from worker.sampler import PromptLogprobs, Sample, TokenLogprobs
 
 VOCAB = 1000
 EOS = 999
@@ -33,14 +34,36 @@ class PositionRunner:
                 for c in chunks]
 
 
+class ScoringRunner(PositionRunner):
+    """Also scores prompt tokens when asked: prompt token p gets logprob -p / 100."""
+
+    def __init__(self) -> None:
+        self.num_scored = 0
+
+    def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
+        self.num_scored += sum(c.num_prompt_scored for c in chunks)
+        return [self._one(c, token) for c, token in zip(chunks, super().execute(chunks),
+                                                         strict=True)]
+
+    @staticmethod
+    def _one(chunk: SeqChunk, token: int | None) -> Sample | None:
+        count, start = chunk.num_prompt_scored, chunk.start_pos + 1
+        prompt = PromptLogprobs(start, list(chunk.all_token_ids[start:start + count]),
+                                [TokenLogprobs(-p / 100, [], []) for p in
+                                 range(start, start + count)]) if count else None
+        if token is None and prompt is None:
+            return None
+        return Sample(-1 if token is None else token, prompt_logprobs=prompt)
+
+
 class Worker:
     def __init__(self, target: str, worker_id: str, num_blocks: int = 64,
-                 vocab_size: int = VOCAB) -> None:
+                 vocab_size: int = VOCAB, runner: Runner | None = None) -> None:
         reg = worker_pb2.Registration(
             worker_id=worker_id, model_name="m", model_path="/nonexistent",
             kind=frontend_pb2.MODEL_KIND_GENERATE, block_size=4, num_blocks=num_blocks,
             max_model_len=256, vocab_size=vocab_size, eos_token_ids=[EOS])
-        self.client = WorkerLinkClient(target, reg, Executor(PositionRunner()),
+        self.client = WorkerLinkClient(target, reg, Executor(runner or PositionRunner()),
                                        WorkerMetrics("m", worker_id))
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -222,3 +245,90 @@ def test_a_lost_workers_pool_is_not_kept_frozen(scheduler):
         frozen = scheduler.call(gc.get_freeze_count)
         baseline = frozen if baseline is None else baseline
         assert frozen < baseline + 1000, "each lost pool stayed in the permanent generation"
+
+
+def scoring(top: int = 0) -> frontend_pb2.SamplingParams:
+    return frontend_pb2.SamplingParams(logprobs=-1, prompt_logprobs=top)
+
+
+def collect(stream: Iterator[frontend_pb2.GenerateResponse]
+            ) -> tuple[list[int], list[frontend_pb2.TokenLogprob], int]:
+    """Tokens, prompt logprobs, and the response index of the first token."""
+    tokens: list[int] = []
+    prompt: list[frontend_pb2.TokenLogprob] = []
+    first_token_at = -1
+    for i, response in enumerate(stream):
+        assert not (tokens and response.prompt_logprobs), "prompt logprobs after a token"
+        prompt += response.prompt_logprobs
+        if response.token_ids and first_token_at < 0:
+            first_token_at = i
+        tokens += response.token_ids
+    return tokens, prompt, first_token_at
+
+
+def assert_scored_once(prompt_ids: list[int], got: list[frontend_pb2.TokenLogprob]) -> None:
+    assert [e.token_id for e in got] == prompt_ids[1:]
+    assert [e.logprob for e in got] == pytest.approx([-p / 100 for p in
+                                                      range(1, len(prompt_ids))])
+
+
+def test_prompt_logprobs_of_a_chunked_prefill_arrive_once_across_preemption():
+    # A budget of 64 tokens splits the 100-token prompt in two; 30 blocks of 4 tokens cannot
+    # hold both requests to the end, so the later one (b) is preempted and recomputed.
+    with running_scheduler() as scheduler:
+        worker = Worker(scheduler.target, "w0", num_blocks=30, runner=ScoringRunner())
+        try:
+            wait_for(lambda: scheduler.engine.links)
+            first = generate(scheduler.target, "a", list(range(1, 21)), 60)
+            next(first)
+            prompt = list(range(200, 300))
+            tokens, got, first_token_at = collect(
+                generate(scheduler.target, "b", prompt, 20, sampling=scoring()))
+            assert tokens == expected_tokens(100, 20)
+            assert first_token_at == 0, "every prompt logprob comes with the first token"
+            assert_scored_once(prompt, got)
+            assert [t for r in first for t in r.token_ids] == expected_tokens(20, 60)[1:]
+            preemptions = scheduler.call(
+                lambda: scheduler.engine.links["w0"].scheduler.stats.preemptions)
+            assert preemptions >= 1, "the test must preempt to mean anything"
+            wait_for(lambda: ledger_idle(scheduler))
+        finally:
+            worker.stop()
+
+
+def test_prompt_logprobs_are_not_repeated_after_a_lost_worker(scheduler):
+    first = Worker(scheduler.target, "w0", runner=ScoringRunner())
+    wait_for(lambda: len(scheduler.engine.links) == 1)
+    prompt = list(range(1, 20))
+    stream = generate(scheduler.target, "r1", prompt, 40, sampling=scoring())
+    response = next(stream)
+    got, tokens = list(response.prompt_logprobs), list(response.token_ids)
+    runner = ScoringRunner()
+    second = Worker(scheduler.target, "w1", runner=runner)
+    try:
+        wait_for(lambda: len(scheduler.engine.links) == 2)
+        first.stop()
+        more_tokens, more, _ = collect(stream)
+        assert tokens + more_tokens == expected_tokens(19, 40)
+        assert_scored_once(prompt, got + more)
+        assert runner.num_scored == 0, "a prompt already scored is not scored again"
+        wait_for(lambda: ledger_idle(scheduler))
+    finally:
+        second.stop()
+
+
+def test_prompt_logprob_requests_are_never_served_from_the_cache(scheduler):
+    worker = Worker(scheduler.target, "w0", runner=ScoringRunner())
+    try:
+        wait_for(lambda: scheduler.engine.links)
+        prompt = list(range(1, 30))
+        for rid in ("lp1", "lp2"):  # the engine skips the cache without being told
+            responses = list(generate(scheduler.target, rid, prompt, 2, sampling=scoring(2)))
+            assert all(r.num_cached_tokens == 0 for r in responses)
+            assert_scored_once(prompt, [e for r in responses for e in r.prompt_logprobs])
+        plain = list(generate(scheduler.target, "plain", prompt, 2))
+        assert plain[0].num_cached_tokens > 0, "the prompt is cached: a hit was possible"
+        assert not any(r.prompt_logprobs for r in plain)
+        wait_for(lambda: ledger_idle(scheduler))
+    finally:
+        worker.stop()

@@ -74,3 +74,12 @@ def full_logits(runner: ModelRunner, tokens: list[int], first_block: int = 0) ->
 def random_tokens(n: int, vocab: int, seed: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+
+def hf_logprobs(path: Path, tokens: list[int]) -> torch.Tensor:
+    """log_softmax of transformers' own logits at every position [T, V]: the reference."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([tokens])).logits[0].float(), dim=-1)
