@@ -45,6 +45,7 @@ check-protos: install
 
 bench: install
 	$(BIN)/python benchmarks/scheduler_step.py
+	$(BIN)/python benchmarks/routing_probe.py
 	$(BIN)/python benchmarks/worker_forward.py
 	$(BIN)/python benchmarks/serving.py
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Sequence
 from hashlib import sha256
+from typing import overload
 
 BlockHash = bytes
 ExtraKeys = tuple[tuple[str, str], ...]  # ((kind, value), ...), kind tags keep kinds apart
@@ -58,3 +59,47 @@ def extend_chain(
         block_tokens = token_ids[i * block_size : (i + 1) * block_size]
         chain.append(hasher(parent, block_tokens, extra_keys if i == 0 else ()))
     return chain
+
+
+class LazyChain(Sequence[BlockHash]):
+    """A chain of num_blocks hashes computed only as far as it is read.
+
+    A prefix walk stops at its first miss, so a probe through this costs one hash per hit
+    block plus one, instead of hashing the whole prompt up front.
+    """
+
+    def __init__(
+        self,
+        token_ids: Sequence[int],
+        block_size: int,
+        num_blocks: int,
+        extra_keys: ExtraKeys,
+        hasher: BlockHasher = sha256_block_hash,
+    ) -> None:
+        self._token_ids = token_ids
+        self._block_size = block_size
+        self._num_blocks = num_blocks
+        self._extra_keys = extra_keys
+        self._hasher = hasher
+        self.hashes: list[BlockHash] = []
+
+    def __len__(self) -> int:
+        return self._num_blocks
+
+    @overload
+    def __getitem__(self, index: int) -> BlockHash: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[BlockHash]: ...
+    def __getitem__(self, index: int | slice) -> BlockHash | list[BlockHash]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._num_blocks))]
+        if index < 0:
+            index += self._num_blocks
+        if not 0 <= index < self._num_blocks:
+            raise IndexError(index)
+        hashes, size = self.hashes, self._block_size
+        while len(hashes) <= index:
+            i = len(hashes)
+            parent, extra = (hashes[-1], ()) if hashes else (None, self._extra_keys)
+            hashes.append(self._hasher(parent, self._token_ids[i * size : (i + 1) * size], extra))
+        return hashes[index]

@@ -16,6 +16,7 @@ from scheduler_svc.core.block_hash import (
     BlockHash,
     BlockHasher,
     ExtraKeys,
+    LazyChain,
     extend_chain,
     request_extra_keys,
 )
@@ -115,18 +116,11 @@ class ComputedBlocksTracker:
         return len(orphans)
 
     def cached_prefix_tokens(self, token_ids: Sequence[int], cache_salt: str | None) -> int:
-        """Read-only probe for routing: nothing is stored or counted. Hashes block by block and
-        stops at the first miss, so a cold prompt costs one hash per worker asked."""
+        """Read-only probe for routing: nothing is stored or counted. One walk over the cache,
+        hashing each block only when the walk reaches it, so a cold prompt costs one hash."""
         if not self._caching or not token_ids:
             return 0
         max_blocks = (len(token_ids) - 1) // self._block_size
         extra_keys = request_extra_keys(cache_salt)
-        chain: list[BlockHash] = []
-        lookup: CacheLookup | None = None
-        while len(chain) < max_blocks:
-            n = len(chain) + 1
-            extend_chain(chain, token_ids, self._block_size, n, extra_keys, self._hasher)
-            lookup = self._kv.find_cached_prefix(token_ids, chain, n, lookup)
-            if len(lookup.blocks) < n:
-                break
-        return lookup.num_tokens if lookup is not None else 0
+        chain = LazyChain(token_ids, self._block_size, max_blocks, extra_keys, self._hasher)
+        return self._kv.find_cached_prefix(token_ids, chain, max_blocks).num_tokens

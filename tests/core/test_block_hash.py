@@ -5,6 +5,7 @@ import pytest
 
 from scheduler_svc.core.block_hash import (
     ExtraKeys,
+    LazyChain,
     extend_chain,
     request_extra_keys,
     sha256_block_hash,
@@ -72,3 +73,15 @@ def test_chain_extends_incrementally_and_never_rehashes() -> None:
     extend_chain(chain, tokens, 4, 2, (), counting)  # already there: nothing to do
     assert calls == [(0, 1, 2, 3), (4, 5, 6, 7)]
     assert chain == extend_chain([], tokens, 4, 2, ())
+
+
+def test_lazy_chain_equals_the_eager_chain_and_hashes_on_demand() -> None:
+    tokens = list(range(23))
+    keys = request_extra_keys("tenant")
+    eager = extend_chain([], tokens, 4, 5, keys)
+    lazy = LazyChain(tokens, 4, 5, keys)
+    assert len(lazy) == 5 and lazy.hashes == []
+    assert lazy[1] == eager[1] and len(lazy.hashes) == 2
+    assert lazy[-1] == eager[4] and lazy[1:3] == eager[1:3] and list(lazy) == eager
+    with pytest.raises(IndexError):
+        lazy[5]

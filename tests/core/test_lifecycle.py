@@ -1,6 +1,6 @@
 """Finishing, ignoring, failing, draining: every way a request leaves, and what it leaves."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -12,6 +12,7 @@ from scheduler_svc.core import (
     Scheduler,
     SchedulerOutput,
 )
+from scheduler_svc.core.block_hash import ExtraKeys, sha256_block_hash
 from tests.core.fakes import FakeWorker, Harness, config, request
 
 
@@ -286,6 +287,25 @@ def test_cached_prefix_tokens_is_read_only(kv: bool) -> None:
     assert h.sched.cached_prefix_tokens(list(range(8)), None) == (4 if kv else 0)
     assert h.sched.cached_prefix_tokens([], None) == 0
     assert h.sched.snapshot() == before
+
+
+def test_routing_probe_hashes_only_as_far_as_the_cache_reaches() -> None:
+    hashed: list[int] = []
+
+    def counting_hasher(parent: bytes | None, tokens: Sequence[int], extra: ExtraKeys) -> bytes:
+        hashed.append(len(tokens))
+        return sha256_block_hash(parent, tokens, extra)
+
+    cfg = config(num_blocks=16, max_model_len=64)
+    h = Harness(Scheduler(cfg, block_hasher=counting_hasher), FakeWorker(cfg.block_size))
+    h.add(request("p", range(24), max_tokens=1))
+    h.run_to_idle()
+    hashed.clear()
+    assert h.sched.cached_prefix_tokens(list(range(24)) + [1, 2, 3, 4, 5], None) == 24
+    assert len(hashed) == 7  # six hits and the first miss
+    hashed.clear()
+    assert h.sched.cached_prefix_tokens([99] + list(range(40)), None) == 0
+    assert len(hashed) == 1  # a cold prompt: one hash, not ten
 
 
 def test_duplicate_live_request_ids_are_refused(kv: bool) -> None:
