@@ -303,12 +303,7 @@ class Scheduler:
             if request is not None:
                 self._finish(request, FinishReason.ERROR, message, "error", batched=True)
                 updates.append(self._update(request, []))
-        for rid in result.stale_request_ids:
-            request = self.requests.get(rid)
-            if request is not None and request.status is RUNNING:
-                self._requeue(request, "preempted")
-                self._running_dirty = True
-                bump(self.stats.stale_entries, "worker_report")
+        self._requeue_refused(result.stale_request_ids)
         scheduled: Iterable[ScheduledNew | ScheduledCont] = iter_chain(output.new, output.cont)
         self._apply_samples(scheduled, result, updates)
         if self._running_dirty:
@@ -318,6 +313,16 @@ class Scheduler:
         if self.config.debug_invariants:
             self.check_invariants()
         return updates
+
+    def _requeue_refused(self, request_ids: Iterable[str]) -> None:
+        """Requests the worker refused for a stale claim go back to recompute, in policy order."""
+        refused = [self.requests.get(rid) for rid in request_ids]
+        live = [r for r in refused if r is not None and r.status is RUNNING]
+        # each goes to the front of the queue, so the one to serve first goes last
+        for request in sorted(live, key=self._running_key, reverse=True):
+            self._requeue(request, "preempted")
+            self._running_dirty = True
+            bump(self.stats.stale_entries, "worker_report")
 
     def _apply_samples(
         self,

@@ -142,6 +142,26 @@ def test_a_claim_the_worker_refuses_is_recomputed_and_counted(kv: bool) -> None:
     assert h.outputs("r") == [1009, 1010]
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("reported", [["r0", "r1", "r2"], ["r2", "r0", "r1"], ["r2", "r1", "r0"]])
+def test_requests_the_worker_refuses_return_to_the_queue_in_policy_order(
+    policy: str, reported: list[str]
+) -> None:
+    sched = Scheduler(config(policy=policy))
+    sched.add_request(request("p", range(8), max_tokens=1))
+    sched.update_from_output(sched.schedule(), ModelResult(sampled={"p": 1}))
+    for i in range(3):
+        sched.add_request(request(f"r{i}", [*range(8), 20 + i], max_tokens=1))
+    out = sched.schedule()
+    assert all(len(new.claimed) == 2 for new in out.new)
+    sched.update_from_output(out, ModelResult(stale_request_ids=reported, removed_block_ids=[1]))
+    assert [r.request_id for r in sched.waiting] == ["r0", "r1", "r2"]
+    assert sched.stats.stale_entries["worker_report"] == 3
+    out = sched.schedule()
+    assert sorted(out.dropped_request_ids) == ["r0", "r1", "r2"]
+    assert [new.request_id for new in out.new] == ["r0", "r1", "r2"]
+
+
 @pytest.mark.parametrize("source", ["worker_report", "cache_reset", "eviction"])
 def test_a_lookup_from_arrival_found_stale_is_recomputed_and_counted_by_source(
     kv: bool, source: str
