@@ -292,7 +292,7 @@ class Scheduler:
     ) -> list[RequestUpdate]:
         updates: list[RequestUpdate] = []
         if result.all_cleared:
-            self.kv.clear_cache("worker_report")
+            self._worker_restarted()
         if result.removed_block_ids:
             self.kv.remove_blocks(result.removed_block_ids, "worker_report")
         failed = set(result.errored) | set(result.stale_request_ids)
@@ -314,15 +314,27 @@ class Scheduler:
             self.check_invariants()
         return updates
 
+    def _worker_restarted(self) -> None:
+        """The worker came back with empty KV memory: whatever it computed is gone.
+
+        Each running request recomputes from scratch; every cached hash goes, so a waiting
+        request's lookup is found stale (source worker_lost) before it is used.
+        """
+        self._requeue_in_order(list(self.running), "worker_lost")
+        self.kv.clear_cache("worker_lost")
+
     def _requeue_refused(self, request_ids: Iterable[str]) -> None:
-        """Requests the worker refused for a stale claim go back to recompute, in policy order."""
+        """Requests the worker refused for a stale claim go back to recompute."""
         refused = [self.requests.get(rid) for rid in request_ids]
         live = [r for r in refused if r is not None and r.status is RUNNING]
+        self._requeue_in_order(live, "preempted")
+        bump(self.stats.stale_entries, "worker_report", len(live))
+
+    def _requeue_in_order(self, requests: list[Request], release_reason: str) -> None:
         # each goes to the front of the queue, so the one to serve first goes last
-        for request in sorted(live, key=self._running_key, reverse=True):
-            self._requeue(request, "preempted")
+        for request in sorted(requests, key=self._running_key, reverse=True):
+            self._requeue(request, release_reason)
             self._running_dirty = True
-            bump(self.stats.stale_entries, "worker_report")
 
     def _apply_samples(
         self,

@@ -14,7 +14,6 @@ RELEASE_REASONS = (
     "preempted_step",
     "finished",
     "aborted",
-    "ignored",
     "preempted",
     "error",
     "worker_lost",

@@ -273,6 +273,43 @@ def test_drain_hands_back_every_live_request_in_arrival_order(kv: bool) -> None:
     assert [other.finish_of(r).finish_reason for r in "abc"] == ["length"] * 3
 
 
+def test_a_worker_that_restarts_in_place_loses_its_running_requests_and_its_cache(
+    kv: bool,
+) -> None:
+    h = Harness.build(kv, max_num_seqs=2)
+    a, b = request("a", range(8), max_tokens=3), request("b", range(20, 26), max_tokens=3)
+    waiter = request("w", [*range(8), 50], max_tokens=2)
+    h.add(a, b)
+    h.step()
+    out = h.plan()
+    h.add(waiter)  # arrives while the step runs; its lookup from arrival covers a's prompt
+    if kv:
+        assert [blk.block_id for blk in h.sched.tracker.peek_lookup("w").blocks] == [0, 1]
+    h.worker.restart()  # the worker lost its memory: it runs nothing and says so
+    assert h.sched.update_from_output(out, ModelResult(all_cleared=True)) == []
+    assert [r.request_id for r in h.sched.waiting] == ["a", "b", "w"]
+    assert a.status is b.status is RequestStatus.PREEMPTED
+    assert a.num_computed_tokens == b.num_computed_tokens == 0 and a.output_token_ids == [1008]
+    assert h.sched.kv.num_tables == 0 and h.sched.snapshot().blocks_in_use == 0
+    assert h.sched.stats.entries_released["worker_lost"] == 2
+    if kv:
+        assert h.cached() == [] and h.sched.stats.hashes_removed["worker_lost"] == 3
+    assert h.sched.abort_request("b")  # frees a slot, so w's lookup is read in the next plan
+    out = h.plan()
+    assert sorted(out.dropped_request_ids) == ["a", "b"]
+    assert [n.request_id for n in out.new] == ["a", "w"] and out.new[0].claimed == []
+    # w's lookup named blocks that lost their hash with the worker's memory: stale, recounted
+    assert h.sched.stats.stale_entries == {
+        "eviction": 0,
+        "worker_report": 0,
+        "worker_lost": 1 if kv else 0,
+        "cache_reset": 0,
+    }
+    h.finish_step()
+    h.run_to_idle()
+    assert h.outputs("a") == [1008, 1009, 1010] and h.outputs("w") == [1009, 1010]
+
+
 def test_the_auditor_counts_and_purges_orphans(kv: bool) -> None:
     h = Harness.build(kv, debug_invariants=False)
     h.add(request("r", range(6), max_tokens=3))
