@@ -176,39 +176,63 @@ def test_chained_hashes_are_computed_once_per_block_even_across_preemption(kv: b
 def test_chunked_prefill_continues_across_steps_with_an_eviction_in_between(
     kv: bool, between: str
 ) -> None:
+    """x is prefilled in three chunks. Between its second and third, p's cached tail (block 1)
+    goes (taken by x's third chunk, or dropped by the worker) while y waits with a lookup from
+    arrival that covers it. x continues unharmed; y's lookup is found stale before use and y
+    later claims only what is still cached."""
     h = Harness.build(kv, num_blocks=6, max_num_batched_tokens=8)
-    h.add(request("p", range(100, 108), max_tokens=1))
+    p_prompt = list(range(100, 108))
+    h.add(request("p", p_prompt, max_tokens=1))
     h.step()  # p caches blocks 0, 1; the queue is 2, 3, 4, 5, 1, 0
-    x = request("x", range(20), max_tokens=2)
+    x, y = request("x", range(20), max_tokens=1), request("y", [*p_prompt, 50], max_tokens=1)
     h.add(x)
     chain = [sha256_block_hash(None, range(4))]
     for i in range(1, 5):
         chain.append(sha256_block_hash(chain[-1], range(4 * i, 4 * i + 4)))
+    p_head = sha256_block_hash(None, p_prompt[:4])
 
     (new,) = h.step().new
     assert (new.num_computed_tokens, new.num_scheduled_tokens) == (0, 8)
-    assert h.outputs("x") == [] and x.num_computed_tokens == 8
     if kv:
         assert new.block_ids == [2, 3] and new.written == [(2, chain[0]), (3, chain[1])]
 
-    # second chunk; with "worker_report" the worker drops p's head block in its result
-    drop = [0] if kv and between == "worker_report" else []
-    (cont,) = h.step(drop_blocks=drop).cont
-    assert (cont.num_computed_tokens, cont.num_scheduled_tokens) == (8, 8)
-    assert h.outputs("x") == []
+    out = h.plan()  # second chunk; y arrives while it runs
+    (cont,) = out.cont
+    assert (cont.num_computed_tokens, cont.num_scheduled_tokens) == (8, 8) and out.new == []
     if kv:
         assert cont.new_block_ids == [4, 5] and cont.written == [(4, chain[2]), (5, chain[3])]
-        assert h.cached() == ([2, 3, 4, 5] if drop else [0, 1, 2, 3, 4, 5])
+    if between == "worker_report":
+        h.add(y)
+    h.finish_step(drop_blocks=[1] if kv and between == "worker_report" else [])
+    if between == "eviction":
+        h.add(y)
+    if kv:
+        assert [b.block_id for b in h.sched.tracker.peek_lookup("y").blocks] == [0, 1]
+        assert h.cached() == ([0, 2, 3, 4, 5] if between == "worker_report" else [0, 1, 2, 3, 4, 5])
 
-    (cont,) = h.step().cont  # the last chunk takes block 1: p's tail, evicted unless gone
+    out = h.plan()  # x's last chunk takes block 1; y's lookup is checked right after
+    (cont,) = out.cont
     assert (cont.num_computed_tokens, cont.num_scheduled_tokens) == (16, 4)
-    assert h.outputs("x") == [1020]
+    assert [n.request_id for n in out.new] == ([] if kv else ["y"])  # no-KV: no blocks to lack
+    stale = h.sched.stats.stale_entries
     if kv:
         assert cont.new_block_ids == [1] and cont.written == [(1, chain[4])]
+        assert h.sched.stats.evictions == (1 if between == "eviction" else 0)
+        assert stale == {**dict.fromkeys(stale, 0), between: 1}
+        # recomputed: p's head only, and then too few free blocks to admit y this step
+        assert h.sched.tracker.peek_lookup("y") is None
+        assert h.sched.stats.entries_released["no_blocks"] == 1
+    else:
+        assert sum(stale.values()) == 0
+    h.finish_step()
+    assert h.outputs("x") == [1020] and x.is_finished
+    if kv:
         pool = h.kv.pool
         assert pool.blocks[1].parent is pool.blocks[5]  # x's own chain, across all chunks
-        assert h.sched.stats.evictions == (0 if drop else 1)
-        assert h.sched.stats.hashes_removed["worker_report"] == (2 if drop else 0)
-        assert h.cached() == ([1, 2, 3, 4, 5] if drop else [0, 1, 2, 3, 4, 5])
+
+    if kv:
+        (new,) = h.step().new  # y, once x has freed its blocks
+        assert new.request_id == "y"
+        assert new.claimed == [(0, p_head)] and new.num_computed_tokens == 4
     h.run_to_idle()
-    assert h.outputs("x") == [1020, 1021]
+    assert h.outputs("y") == [1009]
