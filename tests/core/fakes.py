@@ -3,7 +3,8 @@
 The fake keeps what a real worker keeps (per-request tables and tokens, the hash declared for
 each written block) and, beside it, the truth: which token prefix (and salt) each block really
 holds. A claimed block whose truth differs from the request's prefix is a stale entry the
-scheduler let through, and fails the test at once.
+scheduler let through, and fails the test at once. So does a claim the worker has to refuse
+for a reason no injected fault explains: refusing it would only hide the scheduler's mistake.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from scheduler_svc.core import (
     SchedulerConfig,
     SchedulerOutput,
 )
+from scheduler_svc.core.block_hash import extend_chain, request_extra_keys
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
+from scheduler_svc.core.output import BlockHashPair
 
 Truth = tuple[str | None, tuple[int, ...]]  # (salt, every token up to the block's end)
+CORRUPT = b"?" * 32  # a provenance record no real hash matches
 
 
 def config(kv: bool = True, **overrides: object) -> SchedulerConfig:
@@ -59,6 +63,14 @@ class FakeWorker:
     declared: dict[int, bytes] = field(default_factory=dict)  # provenance, as a worker keeps
     truth: dict[int, Truth | None] = field(default_factory=dict)  # what a block really holds
     claims_checked: int = 0
+    # What the worker itself put in `declared`. A test may overwrite a record (a fault), and
+    # only a record that differs from this one may justify refusing a claim.
+    recorded: dict[int, bytes] = field(default_factory=dict)
+    _hashes: dict[Truth, bytes] = field(default_factory=dict)
+
+    def corrupt(self, block: int) -> None:
+        """A fault: the provenance record of this block disagrees with what it holds."""
+        self.declared[block] = CORRUPT
 
     def run(
         self,
@@ -68,9 +80,7 @@ class FakeWorker:
         withhold: Iterable[str] = (),
     ) -> ModelResult:
         for rid in out.dropped_request_ids:
-            self.tables.pop(rid, None)
-            self.tokens.pop(rid, None)
-            self.computed.pop(rid, None)
+            self._forget(rid)
         for new in out.new:
             self._place(new.request_id, new.token_ids, new.block_ids, new.num_computed_tokens)
             assert new.num_computed_tokens == len(new.claimed) * self.block_size
@@ -82,25 +92,26 @@ class FakeWorker:
             self.tables[rid].extend(cont.new_block_ids)
         errored = dict(errored or {})
         refused = self._refused_claims(out, errored)
+        failed = refused | set(errored)
+        unwritten = _written_by(out, failed)
         # a block written now may also be claimed now (same-step sharing), nothing else
         shared_now = {b for new in out.new for b, _ in new.claimed} & {
             b for item in chain(out.new, out.cont) for b, _ in item.written
         }
         for item in chain(out.new, out.cont):
-            if item.request_id not in refused and item.request_id not in errored:
+            if item.request_id not in failed:
                 self._write(item.request_id, item.num_scheduled_tokens, item.written, shared_now)
         for new in out.new:
-            if new.request_id not in refused and new.request_id not in errored:
-                self._check_claims(new.request_id, new.claimed)
+            self._check_claims(new.request_id, new.claimed, unwritten)
         result = ModelResult(errored=errored, stale_request_ids=sorted(refused))
         result.removed_block_ids = sorted(
             {b for rid in refused for b, h in self._claimed(out, rid) if self.declared.get(b) != h}
         )
-        for rid in refused | set(errored):
-            self.tables.pop(rid, None)
-            self.tokens.pop(rid, None)
-            self.computed.pop(rid, None)
-        self._sample(out, result, refused | set(errored) | set(withhold))
+        for block in result.removed_block_ids:
+            self._unrecord(block)  # reported: no later claim of it is legitimate
+        for rid in failed:
+            self._forget(rid)
+        self._sample(out, result, failed | set(withhold))
         self._drop(drop_blocks, result)
         return result
 
@@ -109,6 +120,11 @@ class FakeWorker:
         self.tables[rid] = list(blocks)
         self.tokens[rid] = list(tokens)
         self.computed[rid] = computed
+
+    def _forget(self, rid: str) -> None:
+        self.tables.pop(rid, None)
+        self.tokens.pop(rid, None)
+        self.computed.pop(rid, None)
 
     def _refused_claims(self, out: SchedulerOutput, errored: dict[str, str]) -> set[str]:
         """Provenance check, with same-step writes visible (writes precede reads per layer)."""
@@ -124,8 +140,27 @@ class FakeWorker:
                 if new.request_id not in refused and any(view.get(b) != h for b, h in new.claimed)
             }
             if not newly:
-                return refused
+                break
             refused |= newly
+        self._check_refusals(out, view, _written_by(out, refused | set(errored)))
+        return refused
+
+    def _check_refusals(
+        self, out: SchedulerOutput, view: dict[int, bytes], unwritten: set[BlockHashPair]
+    ) -> None:
+        """A claim the worker cannot vouch for is a stale claim unless the test caused it: a
+        record it overwrote, or a block a request failing in this very step was to write."""
+        for new in out.new:
+            for block, block_hash in new.claimed:
+                if view.get(block) == block_hash or (block, block_hash) in unwritten:
+                    continue
+                tampered = self.declared.get(block) != self.recorded.get(block)
+                assert tampered and self.recorded.get(block) == block_hash, (
+                    f"{new.request_id} claims block {block} as {_short(block_hash)}, but the "
+                    f"worker's record is {_short(view.get(block))} and no fault of the test "
+                    "explains it: the scheduler handed out a stale claim (a block whose write "
+                    "failed in an earlier step, or one it should have known was removed)"
+                )
 
     @staticmethod
     def _claimed(out: SchedulerOutput, rid: str) -> list[tuple[int, bytes]]:
@@ -155,22 +190,51 @@ class FakeWorker:
                     full_now.append(block)
             else:
                 self.truth[block] = None  # partial: holds nothing claimable
-            self.declared.pop(block, None)
+            self._unrecord(block)
         if written:
             assert [b for b, _ in written] == full_now, f"{rid}: written {written} != {full_now}"
             self.declared.update(written)
+            self.recorded.update(written)
         self.computed[rid] = end
 
-    def _check_claims(self, rid: str, claimed: list[tuple[int, bytes]]) -> None:
+    def _unrecord(self, block: int) -> None:
+        self.declared.pop(block, None)
+        self.recorded.pop(block, None)
+
+    def _check_claims(
+        self, rid: str, claimed: list[BlockHashPair], unwritten: set[BlockHashPair]
+    ) -> None:
+        """Every claim, refused ones too, must name the request's own prefix, except a block
+        whose write failed in this step (it still holds what it held before)."""
         size, tokens = self.block_size, self.tokens[rid]
         salt = self.requests[rid].cache_salt
-        for index, (block, _) in enumerate(claimed):
+        for index, pair in enumerate(claimed):
+            if pair in unwritten:
+                continue
+            block = pair[0]
             expected = (salt, tuple(tokens[: (index + 1) * size]))
             assert self.truth.get(block) == expected, (
                 f"{rid} claims block {block} at position {index}, which holds "
                 f"{self.truth.get(block)}, not {expected}: a stale cache entry"
             )
             self.claims_checked += 1
+
+    def check_cache(self, cached: Iterable[BlockHashPair]) -> None:
+        """Between steps every cached hash must name what its block really holds."""
+        for block, block_hash in cached:
+            truth = self.truth.get(block)
+            assert truth is not None and self._hash(truth) == block_hash, (
+                f"the scheduler caches block {block} as {_short(block_hash)}, but it holds "
+                f"{truth}: a write that never happened, or a removal the scheduler missed"
+            )
+
+    def _hash(self, truth: Truth) -> bytes:
+        if truth not in self._hashes:
+            salt, tokens = truth
+            num_blocks = len(tokens) // self.block_size
+            keys = request_extra_keys(salt)
+            self._hashes[truth] = extend_chain([], tokens, self.block_size, num_blocks, keys)[-1]
+        return self._hashes[truth]
 
     def _sample(self, out: SchedulerOutput, result: ModelResult, skip: set[str]) -> None:
         for item in chain(out.new, out.cont):
@@ -191,7 +255,7 @@ class FakeWorker:
         for block in blocks:
             if block in held:
                 continue  # a worker only drops blocks no request of its own is using
-            self.declared.pop(block, None)
+            self._unrecord(block)
             self.truth.pop(block, None)
             result.removed_block_ids.append(block)
 
@@ -200,7 +264,17 @@ class FakeWorker:
         self.tokens.clear()
         self.computed.clear()
         self.declared.clear()
+        self.recorded.clear()
         self.truth.clear()
+
+
+def _written_by(out: SchedulerOutput, request_ids: set[str]) -> set[BlockHashPair]:
+    items = chain(out.new, out.cont)
+    return {pair for item in items if item.request_id in request_ids for pair in item.written}
+
+
+def _short(block_hash: bytes | None) -> str:
+    return "nothing" if block_hash is None else block_hash.hex()[:12]
 
 
 @dataclass
@@ -211,6 +285,7 @@ class Harness:
     worker: FakeWorker
     updates: list[RequestUpdate] = field(default_factory=list)
     last: SchedulerOutput | None = None
+    in_flight: bool = False  # planned, but the worker's result is not applied yet
 
     @classmethod
     def build(cls, kv: bool = True, **overrides: object) -> Harness:
@@ -224,15 +299,23 @@ class Harness:
 
     def plan(self) -> SchedulerOutput:
         self.last = self.sched.schedule()
+        self.in_flight = True
         self.updates.extend(self.last.finished)
         return self.last
 
     def finish_step(self, **inject: object) -> list[RequestUpdate]:
         assert self.last is not None
+        self.in_flight = False
         result = self.worker.run(self.last, **inject)  # type: ignore[arg-type]
         updates = self.sched.update_from_output(self.last, result)
         self.updates.extend(updates)
         return updates
+
+    def check_cache(self) -> None:
+        """The worker holds what every cached hash names (between steps only)."""
+        if isinstance(self.sched.kv, KVCacheManager):
+            cached = self.kv.pool.cached.items()
+            self.worker.check_cache((block.block_id, h) for h, block in cached)
 
     def step(self, **inject: object) -> SchedulerOutput:
         out = self.plan()

@@ -1,11 +1,14 @@
 """Random arrivals, steps, faults, aborts, resets and drains on a tiny pool, checked each step.
 
 The fake worker holds the truth about every block's content, so any stale claim the ledger let
-through fails at once; the invariant checker runs after every operation; at the end the ledger
-is run to idle and must be empty.
+through fails at once, and so does any refusal no injected fault explains; between steps every
+cached hash must name what its block holds; the invariant checker runs after every operation;
+at the end the ledger is run to idle and must be empty.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -17,8 +20,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from scheduler_svc.core import Request, RequestStatus, Scheduler
+from scheduler_svc.core import Request, RequestStatus, Scheduler, SchedulerOutput
 from scheduler_svc.core.block_hash import extend_chain, request_extra_keys
+from scheduler_svc.core.kv_block import KVBlock
+from scheduler_svc.core.kv_cache_interface import CacheLookup
 from tests.core.fakes import FakeWorker, Harness, config
 
 PREFIXES = [[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9], [7] * 6]
@@ -30,6 +35,50 @@ def next_token(rid: str, seen: list[int]) -> int:
     return (len(seen) * 3 + seen[-1]) % 11
 
 
+@dataclass(frozen=True)
+class Arrival:
+    prefix: list[int]
+    suffix: list[int]
+    salt: str | None
+    max_tokens: int
+    min_tokens: int
+    priority: int
+    eos: bool
+    skip_cache: bool
+    embedding: bool
+
+    def request(self, rid: str) -> Request:
+        return Request(
+            request_id=rid,
+            prompt_token_ids=self.prefix + self.suffix,
+            max_tokens=self.max_tokens,
+            eos_token_ids=frozenset({EOS}) if self.eos else frozenset(),
+            min_tokens=self.min_tokens,
+            priority=self.priority,
+            cache_salt=self.salt,
+            skip_prefix_cache=self.skip_cache,
+            is_embedding=self.embedding,
+        )
+
+
+ARRIVALS = st.builds(
+    Arrival,
+    prefix=st.sampled_from(PREFIXES),
+    suffix=st.lists(st.integers(0, 10), max_size=6),
+    salt=st.sampled_from([None, None, None, "s"]),
+    max_tokens=st.integers(0, 6),
+    min_tokens=st.integers(0, 2),
+    priority=st.integers(0, 2),
+    eos=st.booleans(),
+    skip_cache=st.sampled_from([False, False, False, True]),
+    embedding=st.sampled_from([False, False, False, True]),
+)
+
+
+def scheduled_ids(out: SchedulerOutput) -> list[str]:
+    return [x.request_id for x in out.new] + [x.request_id for x in out.cont]
+
+
 class LedgerMachine(RuleBasedStateMachine):
     kv = True
 
@@ -38,6 +87,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self.h: Harness | None = None
         self.added: list[Request] = []
         self.steps = 0
+        self.cached_at_last_check: dict[int, int] = {}  # block id -> generation
+        self.shadow_lookups: list[CacheLookup] = []
+        self.epoch_at_last_check = 0
 
     @initialize(
         num_blocks=st.integers(3, 16),
@@ -72,72 +124,95 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         self.h = Harness(Scheduler(cfg), FakeWorker(block_size, kv=self.kv, next_token=next_token))
 
-    @rule(
-        prefix=st.sampled_from(PREFIXES),
-        suffix=st.lists(st.integers(0, 10), max_size=6),
-        salt=st.sampled_from([None, None, None, "s"]),
-        max_tokens=st.integers(0, 6),
-        min_tokens=st.integers(0, 2),
-        priority=st.integers(0, 2),
-        eos=st.booleans(),
-        skip_cache=st.sampled_from([False, False, False, True]),
-        embedding=st.sampled_from([False, False, False, True]),
-    )
-    def add(
-        self,
-        prefix: list[int],
-        suffix: list[int],
-        salt: str | None,
-        max_tokens: int,
-        min_tokens: int,
-        priority: int,
-        eos: bool,
-        skip_cache: bool,
-        embedding: bool,
-    ) -> None:
-        r = Request(
-            request_id=f"r{len(self.added)}",
-            prompt_token_ids=prefix + suffix,
-            max_tokens=max_tokens,
-            eos_token_ids=frozenset({EOS}) if eos else frozenset(),
-            min_tokens=min_tokens,
-            priority=priority,
-            cache_salt=salt,
-            skip_prefix_cache=skip_cache,
-            is_embedding=embedding,
-        )
+    @rule(arrival=ARRIVALS)
+    def add(self, arrival: Arrival) -> None:
+        r = arrival.request(f"r{len(self.added)}")
         self.added.append(r)
         self.h.add(r)
 
+    @precondition(lambda self: self.added)
+    @rule(data=st.data())
+    def add_follow_ups(self, data: st.DataObject) -> None:
+        """Next turns of earlier conversations: their lookups at arrival hit cached blocks,
+        which the steps before their admission may evict or remove (a newcomer queued ahead
+        of them takes blocks first)."""
+        if data.draw(st.booleans(), "a newcomer first"):
+            self.add(data.draw(ARRIVALS, "newcomer"))
+        for _ in range(data.draw(st.integers(1, 3), "follow-ups")):
+            earlier = data.draw(st.sampled_from(self.added), "earlier")
+            history = (earlier.prompt_token_ids + earlier.output_token_ids)[:16]
+            arrival = data.draw(ARRIVALS, "turn")
+            self.add(replace(arrival, prefix=history, salt=earlier.cache_salt, embedding=False))
+
     @rule()
     def step(self) -> None:
-        self.h.step()
+        self._plan()
+        self.h.finish_step()
         self.steps += 1
 
     @rule(data=st.data())
     def step_with_faults(self, data: st.DataObject) -> None:
+        self._maybe_corrupt(data)
+        out = self._plan()
+        self._finish_with_faults(data, out)
+
+    @rule(data=st.data())
+    def step_with_events_in_flight(self, data: st.DataObject) -> None:
+        """Arrivals and aborts while the worker runs the plan: a new lookup may see blocks not
+        written yet, and an aborted request's results must be ignored."""
+        self._maybe_corrupt(data)
+        out = self._plan()
+        events = st.lists(st.sampled_from(["add", "abort"]), min_size=1, max_size=3)
+        for event in data.draw(events, "events in flight"):
+            if event == "add":
+                self.add(data.draw(ARRIVALS, "arrival in flight"))
+            elif self.h.sched.requests:
+                live = sorted(self.h.sched.requests)
+                in_plan = [rid for rid in scheduled_ids(out) if rid in self.h.sched.requests]
+                rid = data.draw(st.sampled_from(in_plan + live), "abort in flight")
+                assert self.h.sched.abort_request(rid)
+        self._finish_with_faults(data, out)
+
+    def _plan(self) -> SchedulerOutput:
+        out = self.h.plan()
+        sched = self.h.sched
+        if sched.waiting:  # the pass stopped at the head: what it learned is not kept
+            head = sched.waiting.peek().request_id
+            assert sched.tracker.peek_lookup(head) is None, f"{head} kept a failed lookup"
+        return out
+
+    def _maybe_corrupt(self, data: st.DataObject) -> None:
         h = self.h
         if self.kv and data.draw(st.booleans(), "corrupt a record"):
             cached = sorted(b.block_id for b in h.kv.pool.cached.values())
             if cached:  # the worker's provenance record for this block disagrees
-                h.worker.declared[data.draw(st.sampled_from(cached), "corrupt")] = b"?" * 32
-        out = h.plan()
-        scheduled = [x.request_id for x in out.new] + [x.request_id for x in out.cont]
+                h.worker.corrupt(data.draw(st.sampled_from(cached), "corrupt"))
+
+    def _finish_with_faults(self, data: st.DataObject, out: SchedulerOutput) -> None:
+        h = self.h
+        scheduled = scheduled_ids(out)
         errored = {}
         if scheduled and data.draw(st.booleans(), "error one"):
             errored[data.draw(st.sampled_from(scheduled), "errored")] = "boom"
-        drop: list[int] = []
-        if self.kv:
-            held = {b for t in h.worker.tables.values() for b in t}
-            droppable = sorted(set(h.worker.truth) - held)
-            drop = data.draw(
-                st.lists(st.sampled_from(droppable), unique=True, max_size=2)
-                if droppable
-                else st.just([]),
-                "drop",
-            )
+        drop = self._draw_drop(data) if self.kv else []
         h.finish_step(errored=errored, drop_blocks=drop)
         self.steps += 1
+
+    def _draw_drop(self, data: st.DataObject) -> list[int]:
+        h = self.h
+        held = {b for t in h.worker.tables.values() for b in t}
+        droppable = sorted(set(h.worker.truth) - held)
+        hoped_for = sorted(set(droppable) & self._named_by_waiting_lookups())
+        if hoped_for and data.draw(st.booleans(), "drop what a waiting request hopes to hit"):
+            droppable = hoped_for
+        if not droppable:
+            return []
+        return data.draw(st.lists(st.sampled_from(droppable), unique=True, max_size=2), "drop")
+
+    def _named_by_waiting_lookups(self) -> set[int]:
+        tracker = self.h.sched.tracker
+        lookups = [tracker.peek_lookup(r.request_id) for r in self.h.sched.waiting]
+        return {b.block_id for lookup in lookups if lookup is not None for b in lookup.blocks}
 
     @precondition(lambda self: self.added)
     @rule(data=st.data())
@@ -160,6 +235,26 @@ class LedgerMachine(RuleBasedStateMachine):
             assert r.status is RequestStatus.WAITING and r.num_computed_tokens == 0
             self.h.add(r)
 
+    @precondition(lambda self: self.h is not None and len(self.h.sched.waiting) > 0)
+    @rule(data=st.data())
+    def recheck_a_waiting_lookup(self, data: st.DataObject) -> None:
+        """The lookup the tracker hands out is true now: a kept one that a removal made stale
+        would be caught here even if the scheduler's own pass happened not to use it."""
+        sched = self.h.sched
+        request = data.draw(st.sampled_from(list(sched.waiting)), "waiting")
+        got = [b.block_id for b in sched.tracker.lookup(request).blocks]
+        assert got == self._fresh_walk(request), f"{request.request_id}: an untrue lookup kept"
+
+    def _fresh_walk(self, request: Request) -> list[int]:
+        sched = self.h.sched
+        if not sched.config.caches_prefixes or request.skip_prefix_cache:
+            return []
+        size, tokens = sched.config.block_size, request.all_token_ids
+        max_blocks = max(len(tokens) - 1, 0) // size
+        keys = request_extra_keys(request.cache_salt)
+        chain = extend_chain([], tokens, size, max_blocks, keys)
+        return [b.block_id for b in sched.kv.find_cached_prefix(tokens, chain, max_blocks).blocks]
+
     @rule(tokens=st.lists(st.integers(0, 10), max_size=10), salt=st.sampled_from([None, "s"]))
     def probe_for_routing(self, tokens: list[int], salt: str | None) -> None:
         before = self.h.sched.snapshot()
@@ -177,13 +272,63 @@ class LedgerMachine(RuleBasedStateMachine):
     def ledger_is_consistent(self) -> None:
         if self.h is not None:
             self.h.sched.check_invariants()
+            self.h.check_cache()
             stats = self.h.sched.stats
             assert stats.orphans == 0 and stats.table_orphans == 0
+
+    @invariant()
+    def removals_move_the_epoch(self) -> None:
+        """A block that left the cache since the last check moved the removal epoch: that is
+        the only way a lookup taken earlier learns it may be untrue."""
+        if self.h is None or not self.kv:
+            return
+        pool = self.h.kv.pool
+        last, blocks = self.cached_at_last_check, pool.blocks
+        removed = [block_id for block_id, gen in last.items() if blocks[block_id].generation != gen]
+        assert not removed or pool.removal_epoch != self.epoch_at_last_check, (
+            f"blocks {removed} left the cache, but the removal epoch did not move"
+        )
+        self.cached_at_last_check = {b.block_id: b.generation for b in pool.cached.values()}
+        self.epoch_at_last_check = pool.removal_epoch
+
+    @invariant()
+    def stale_lookups_are_known(self) -> None:
+        """A lookup whose blocks changed since it was taken is reported stale, whatever
+        removed them: the waiting requests' lookups, and one the test took itself over every
+        cached chain at the last check. Checked on copies: the ledger's timeline is untouched."""
+        if self.h is None or not self.kv:
+            return
+        sched = self.h.sched
+        waiting = [sched.tracker.peek_lookup(r.request_id) for r in sched.waiting]
+        for lookup in [*self.shadow_lookups, *(x for x in waiting if x is not None)]:
+            pairs = zip(lookup.blocks, lookup.generations, strict=True)
+            changed = [block.block_id for block, gen in pairs if block.generation != gen]
+            assert not changed or sched.kv.stale_source(replace(lookup)) is not None, (
+                f"blocks {changed} changed under a lookup of {lookup.num_tokens} tokens, "
+                "and stale_source() does not report it"
+            )
+        self.shadow_lookups = [self._lookup_of_chain(leaf) for leaf in self._cached_leaves()]
+
+    def _cached_leaves(self) -> list[KVBlock]:
+        return [b for b in self.h.kv.pool.cached.values() if not b.children]
+
+    def _lookup_of_chain(self, leaf: KVBlock) -> CacheLookup:
+        path = [leaf]
+        while path[-1].parent is not None:
+            path.append(path[-1].parent)
+        path.reverse()
+        tokens = [t for block in path for t in block.token_ids]
+        chain = [block.block_hash for block in path if block.block_hash is not None]
+        lookup = self.h.kv.find_cached_prefix(tokens, chain, len(path))
+        assert lookup.blocks == path, "a cached chain is not found by a walk over its tokens"
+        return lookup
 
     def teardown(self) -> None:
         if self.h is None:
             return
         h = self.h
+        if h.in_flight:  # a rule stopped between plan and result (hypothesis ran out of data)
+            h.finish_step()
         h.run_to_idle(max_steps=2000)
         snap = h.sched.snapshot()
         assert snap.blocks_in_use == 0 and snap.tracker_entries == 0
