@@ -12,9 +12,13 @@ from pathlib import Path
 from typing import Any
 
 DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-ENCODER_ARCHITECTURES = ("BertModel",)
+# BERT with a pretraining head: the encoder's weights are prefixed `bert.`, the heads are ignored.
+ENCODER_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForPreTraining")
 ENCODER_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
+# Types whose frequencies change with the sequence length: served only up to the length where
+# they still equal the unscaled ones (see worker/layers/rotary.py, `max_exact_positions`).
+LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")
 
 
 class UnsupportedModelError(ValueError):
@@ -65,13 +69,15 @@ class ModelConfig:
         if arch not in DECODER_ARCHITECTURES:
             raise UnsupportedModelError(f"{arch} is an encoder, not a decoder")
         if c.get("hidden_act", "silu") != "silu":
-            raise UnsupportedModelError(f"{arch}: activation {c['hidden_act']!r} is not supported "
-                                        "(only silu)")
+            raise UnsupportedModelError(
+                f"{arch}: activation {c['hidden_act']!r} is not supported (only silu)"
+            )
         heads = int(c["num_attention_heads"])
         kv_heads = int(c.get("num_key_value_heads") or heads)
         if heads % kv_heads:
-            raise UnsupportedModelError(f"{heads} attention heads are not a multiple of "
-                                        f"{kv_heads} KV heads")
+            raise UnsupportedModelError(
+                f"{heads} attention heads are not a multiple of {kv_heads} KV heads"
+            )
         is_qwen2 = arch == "Qwen2ForCausalLM"
         attention_bias = bool(c.get("attention_bias", False))
         return cls(
@@ -134,16 +140,20 @@ class EncoderConfig:
             raise UnsupportedModelError(f"{arch} is a decoder, not an encoder")
         act = c.get("hidden_act", "gelu")
         if act not in ENCODER_ACTIVATIONS:
-            raise UnsupportedModelError(f"{arch}: activation {act!r} is not supported "
-                                        f"({', '.join(ENCODER_ACTIVATIONS)})")
+            raise UnsupportedModelError(
+                f"{arch}: activation {act!r} is not supported ({', '.join(ENCODER_ACTIVATIONS)})"
+            )
         position_type = c.get("position_embedding_type", "absolute")
         if position_type != "absolute":
-            raise UnsupportedModelError(f"{arch}: position_embedding_type {position_type!r} is "
-                                        "not supported (only absolute)")
+            raise UnsupportedModelError(
+                f"{arch}: position_embedding_type {position_type!r} is "
+                "not supported (only absolute)"
+            )
         heads = int(c["num_attention_heads"])
         if int(c["hidden_size"]) % heads:
-            raise UnsupportedModelError(f"hidden_size {c['hidden_size']} is not a multiple of "
-                                        f"{heads} attention heads")
+            raise UnsupportedModelError(
+                f"hidden_size {c['hidden_size']} is not a multiple of {heads} attention heads"
+            )
         return cls(
             architecture=arch,
             vocab_size=int(c["vocab_size"]),
@@ -178,8 +188,10 @@ def _architecture(c: dict[str, Any]) -> str:
         if arch in DECODER_ARCHITECTURES or arch in ENCODER_ARCHITECTURES:
             return arch
     found = ", ".join(archs) or f"model_type {c.get('model_type')!r}"
-    raise UnsupportedModelError(f"unsupported architecture {found}; this worker runs "
-                                f"{', '.join(DECODER_ARCHITECTURES + ENCODER_ARCHITECTURES)}")
+    raise UnsupportedModelError(
+        f"unsupported architecture {found}; this worker runs "
+        f"{', '.join(DECODER_ARCHITECTURES + ENCODER_ARCHITECTURES)}"
+    )
 
 
 def parse_rope(c: dict[str, Any]) -> RopeConfig:
@@ -190,13 +202,30 @@ def parse_rope(c: dict[str, Any]) -> RopeConfig:
     theta = float(scaling.get("rope_theta") or c.get("rope_theta") or 10000.0)
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
     if rope_type not in ROPE_TYPES:
-        raise UnsupportedModelError(f"RoPE type {rope_type!r} is not supported "
-                                    f"({', '.join(ROPE_TYPES)})")
+        raise UnsupportedModelError(
+            f"RoPE type {rope_type!r} is not supported ({', '.join(ROPE_TYPES)})"
+        )
     params = {k: v for k, v in scaling.items() if k not in ("rope_theta", "rope_type", "type")}
-    if rope_type in ("llama3", "yarn"):
-        params.setdefault("original_max_position_embeddings",
-                          c.get("original_max_position_embeddings")
-                          or c.get("max_position_embeddings", 2048))
+    if rope_type in ("llama3", "yarn", "longrope"):
+        # transformers' standardize_rope_params: a top-level original_max_position_embeddings
+        # (Phi-3 writes one) wins over the one inside the RoPE parameters.
+        if c.get("original_max_position_embeddings"):
+            params["original_max_position_embeddings"] = c["original_max_position_embeddings"]
+        params.setdefault(
+            "original_max_position_embeddings", c.get("max_position_embeddings", 2048)
+        )
+    if rope_type in LENGTH_DEPENDENT_ROPE_TYPES:
+        # dynamic's threshold, and longrope's default factor, come from max_position_embeddings.
+        params["max_position_embeddings"] = int(c.get("max_position_embeddings", 2048))
+    if rope_type == "dynamic" and "factor" not in params:
+        raise UnsupportedModelError("RoPE type 'dynamic' needs a factor")
+    if rope_type == "longrope":
+        dim = int(c.get("head_dim") or int(c["hidden_size"]) // int(c["num_attention_heads"]))
+        for key in ("short_factor", "long_factor"):
+            if len(params.get(key) or ()) != dim // 2:
+                raise UnsupportedModelError(
+                    f"RoPE type 'longrope' needs a {key} of {dim // 2} values (head_dim / 2)"
+                )
     if params.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) != 1.0:
         raise UnsupportedModelError("partial rotary embeddings are not supported")
     return RopeConfig(theta=theta, type=rope_type, params=params)

@@ -1,4 +1,5 @@
-"""EmbeddingRunner: a BERT-family encoder and its pooling; no KV memory, no sampler.
+"""EmbeddingRunner: a BERT-family encoder, its pooling and any sentence-transformers Dense
+projections; no KV memory, no sampler.
 
 Built with the same arguments as `ModelRunner`, so the worker can construct either one; the
 KV-sizing and attention-backend arguments are accepted and unused (nothing is cached).
@@ -17,7 +18,14 @@ from worker.config import EncoderConfig
 from worker.loader import load_weights
 from worker.model_runner import default_threads, resolve_dtype
 from worker.models import build_encoder
-from worker.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
+from worker.pooling import (
+    EmbedItem,
+    PoolingConfig,
+    finish,
+    flat_inputs,
+    load_dense_heads,
+    pool,
+)
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +36,25 @@ DEFAULT_POOLING = PoolingConfig("cls", True)
 class EmbeddingRunner:
     kind = "embed"
 
-    def __init__(self, model_path: Path, *, block_size: int = 16, num_blocks: int | None = None,
-                 kv_cache_memory_bytes: int | None = None, dtype: str = "float32",
-                 device: str = "cpu", max_model_len: int | None = None, seed: int = 0,
-                 attention_backend: str = "torch", progress: bool = True,
-                 gpu_memory_utilization: float = 0.9) -> None:
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_model_len: int | None = None,
+        seed: int = 0,
+        attention_backend: str = "torch",
+        progress: bool = True,
+        gpu_memory_utilization: float = 0.9,
+    ) -> None:
         del gpu_memory_utilization  # no KV cache to size
         default_threads()
         self.config = cfg = EncoderConfig.from_dir(Path(model_path))
-        self.pooling = PoolingConfig.from_dir(Path(model_path), DEFAULT_POOLING)
+        self.pooling = PoolingConfig.from_dir(Path(model_path), DEFAULT_POOLING, allow_dense=True)
         self.dtype = resolve_dtype(dtype, cfg)
         self.device = torch.device(device)
         if block_size < 1:
@@ -46,24 +64,46 @@ class EmbeddingRunner:
         self.max_model_len = _max_model_len(max_model_len, cfg)
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids: list[int] = []
-        self.embedding_size = cfg.hidden_size
+        # Dense projections (sentence-transformers) map the pooled vector to the last one's size
+        self.dense = load_dense_heads(
+            Path(model_path), self.pooling.dense, cfg.hidden_size, self.device
+        )
+        self.embedding_size = (
+            self.pooling.dense[-1].out_features if self.pooling.dense else cfg.hidden_size
+        )
         self.limits = BatchLimits(block_size, 0, self.vocab_size, self.max_model_len)
         self.model = build_encoder(cfg, self.dtype, self.device)
         load_weights(self.model, Path(model_path), progress=progress)
-        log.info("model %s: %s, %d layers, %s, %s pooling%s, max %d tokens", model_path,
-                 cfg.architecture, cfg.num_layers, self.dtype, self.pooling.mode,
-                 " + normalize" if self.pooling.normalize else "", self.max_model_len)
+        log.info(
+            "model %s: %s, %d layers, %s, %s pooling%s%s, max %d tokens",
+            model_path,
+            cfg.architecture,
+            cfg.num_layers,
+            self.dtype,
+            self.pooling.mode,
+            "".join(
+                f" + dense {d.in_features}->{d.out_features} {d.activation}"
+                for d in self.pooling.dense
+            ),
+            " + normalize" if self.pooling.normalize else "",
+            self.max_model_len,
+        )
 
     @torch.inference_mode()
     def embed(self, items: list[EmbedItem]) -> list[list[float]]:
         """One bidirectional pass over the whole batch; a vector per item."""
         if not items:
             return []
-        lens, ids = flat_inputs(items, self.vocab_size, self.max_model_len, self.embedding_size,
-                                self.device)
-        hidden = self.model(ids, seq_positions(lens, self.device),
-                            dense_plan(lens, False, self.device))
-        return finish(pool(hidden, lens, self.pooling.mode), items, self.pooling.normalize)
+        lens, ids = flat_inputs(
+            items, self.vocab_size, self.max_model_len, self.embedding_size, self.device
+        )
+        hidden = self.model(
+            ids, seq_positions(lens, self.device), dense_plan(lens, False, self.device)
+        )
+        pooled = pool(hidden, lens, self.pooling.mode)
+        if self.dense is not None:
+            pooled = self.dense(pooled)
+        return finish(pooled, items, self.pooling.normalize)
 
 
 def _max_model_len(requested: int | None, cfg: EncoderConfig) -> int:
@@ -71,6 +111,8 @@ def _max_model_len(requested: int | None, cfg: EncoderConfig) -> int:
     if requested is None:
         return min(cfg.max_position_embeddings, cfg.max_seq_length or cfg.max_position_embeddings)
     if not 0 < requested <= cfg.max_position_embeddings:
-        raise ValueError(f"max_model_len {requested} must be in [1, "
-                         f"{cfg.max_position_embeddings}] (the model's max_position_embeddings)")
+        raise ValueError(
+            f"max_model_len {requested} must be in [1, "
+            f"{cfg.max_position_embeddings}] (the model's max_position_embeddings)"
+        )
     return requested

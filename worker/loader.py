@@ -45,39 +45,76 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     # Checkpoint tensors a model deliberately leaves unused (e.g. BERT's pooler head).
     ignored: tuple[str, ...] = tuple(getattr(model, "ignored_weights", ()))
-    files = weight_files(Path(model_dir))
-    total = sum(_count(f) for f in files)
+    files = {path: _names(path) for path in weight_files(Path(model_dir))}
+    prefix = _checkpoint_prefix(model, params, packed, [n for ns in files.values() for n in ns])
+    total = sum(len(names) for names in files.values())
     with tqdm(total=total, desc="loading weights", unit="tensor", disable=not progress) as bar:
-        for path in files:
+        for path, names in files.items():
             with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                for ckpt_name in names:
                     bar.update()
-                    if (name.endswith(IGNORED_SUFFIXES) or name.startswith(ignored)
-                            or (tied and name == "lm_head.weight")):
+                    name = ckpt_name.removeprefix(prefix) if prefix else ckpt_name
+                    if (
+                        name.endswith(IGNORED_SUFFIXES)
+                        or name.startswith(ignored)
+                        or (tied and name == "lm_head.weight")
+                    ):
                         continue
                     target, rows = _target(name, packed, model)
                     if target not in params:
-                        unexpected.append(name)
+                        unexpected.append(ckpt_name)
                         continue
-                    tensor = f.get_tensor(name)
-                    _copy(params[target], rows, tensor, name)
+                    tensor = f.get_tensor(ckpt_name)
+                    _copy(params[target], rows, tensor, ckpt_name)
                     filled[target] += tensor.shape[0] if rows is not None else 1
     _check_complete(model, params, filled, unexpected)
 
 
-def _count(path: Path) -> int:
+def _names(path: Path) -> list[str]:
     with safe_open(str(path), framework="pt") as f:
-        return len(list(f.keys()))
+        return list(f.keys())
 
 
-def _target(name: str, packed: dict[str, tuple[str, str]],
-            model: nn.Module) -> tuple[str, slice | None]:
+def _checkpoint_prefix(
+    model: nn.Module,
+    params: dict[str, nn.Parameter],
+    packed: dict[str, tuple[str, str]],
+    names: list[str],
+) -> str:
+    """The prefix to strip from every checkpoint name, or "".
+
+    A model may name prefixes its weights carry when saved inside a wrapper (`bert.` for
+    BertForMaskedLM / BertForPreTraining). One is stripped only when no checkpoint name is one
+    of the model's own parameters as it stands, so an unprefixed checkpoint never changes.
+    """
+    if any(_param_name(name, packed) in params for name in names):
+        return ""
+    for prefix in getattr(model, "checkpoint_prefixes", ()):
+        if any(name.startswith(prefix) for name in names):
+            return prefix
+    return ""
+
+
+def _param_name(name: str, packed: dict[str, tuple[str, str]]) -> str:
+    for ckpt_module, (our_module, _) in packed.items():
+        marker = f".{ckpt_module}."
+        if marker in name:
+            return name.replace(marker, f".{our_module}.")
+    return name
+
+
+def _target(
+    name: str, packed: dict[str, tuple[str, str]], model: nn.Module
+) -> tuple[str, slice | None]:
     """Checkpoint name -> our parameter name, and the rows it fills if the parameter is packed."""
     for ckpt_module, (our_module, shard) in packed.items():
         marker = f".{ckpt_module}."
         if marker in name:
             target = name.replace(marker, f".{our_module}.")
-            module = model.get_submodule(target.rsplit(".", 1)[0])
+            try:
+                module = model.get_submodule(target.rsplit(".", 1)[0])
+            except AttributeError:
+                return name, None  # no such module here: reported as unexpected
             return target, module.shards[shard]
     return name, None
 
@@ -85,13 +122,16 @@ def _target(name: str, packed: dict[str, tuple[str, str]],
 def _copy(param: torch.Tensor, rows: slice | None, tensor: torch.Tensor, name: str) -> None:
     dest = param.data[rows] if rows is not None else param.data
     if dest.shape != tensor.shape:
-        raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, "
-                         f"the model expects {tuple(dest.shape)}")
+        raise ValueError(
+            f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, "
+            f"the model expects {tuple(dest.shape)}"
+        )
     dest.copy_(tensor)
 
 
-def _check_complete(model: nn.Module, params: dict[str, nn.Parameter], filled: dict[str, int],
-                    unexpected: list[str]) -> None:
+def _check_complete(
+    model: nn.Module, params: dict[str, nn.Parameter], filled: dict[str, int], unexpected: list[str]
+) -> None:
     if unexpected:
         raise ValueError(f"checkpoint tensors the model does not know: {_few(unexpected)}")
     missing = []

@@ -10,19 +10,46 @@ import torch
 from worker.batch import SeqChunk
 from worker.model_runner import ModelRunner
 
-SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+SMALL = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 
 # name -> (transformers model family, config overrides on top of SMALL)
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("llama", {}),
-    "llama_tied_bias": ("llama", dict(tie_word_embeddings=True, attention_bias=True,
-                                      mlp_bias=True, head_dim=32)),
-    "llama3_rope": ("llama", dict(rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32}, rope_theta=500000.0)),
-    "llama_yarn": ("llama", dict(rope_scaling={
-        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})),
+    "llama_tied_bias": (
+        "llama",
+        dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=True, head_dim=32),
+    ),
+    "llama3_rope": (
+        "llama",
+        dict(
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+            rope_theta=500000.0,
+        ),
+    ),
+    "llama_yarn": (
+        "llama",
+        dict(
+            rope_scaling={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        ),
+    ),
     "llama_linear": ("llama", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
     "mistral_window": ("mistral", dict(sliding_window=12)),
     "qwen2": ("qwen2", dict(tie_word_embeddings=True)),
@@ -32,15 +59,22 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
 def _hf_classes(kind: str) -> tuple[Any, Any]:
     import transformers
 
-    names = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
-             "mistral": ("MistralConfig", "MistralForCausalLM"),
-             "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}[kind]
+    names = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM"),
+        "mistral": ("MistralConfig", "MistralForCausalLM"),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    }[kind]
     return getattr(transformers, names[0]), getattr(transformers, names[1])
 
 
 def save_hf_checkpoint(out: Path, name: str, seed: int = 0) -> Path:
     """A random-weight checkpoint that transformers itself writes (save_pretrained)."""
     kind, overrides = CONFIGS[name]
+    return save_hf_model(out, kind, overrides, seed)
+
+
+def save_hf_model(out: Path, kind: str, overrides: dict[str, Any], seed: int = 0) -> Path:
+    """`save_hf_checkpoint` for a config not in CONFIGS: SMALL with `overrides`."""
     config_cls, model_cls = _hf_classes(kind)
     config = config_cls(**{**SMALL, **overrides})
     torch.manual_seed(seed)
@@ -56,8 +90,7 @@ def save_hf_checkpoint(out: Path, name: str, seed: int = 0) -> Path:
     return out
 
 
-def make_runner(path: Path, num_blocks: int = 64, block_size: int = 16,
-                **kw: Any) -> ModelRunner:
+def make_runner(path: Path, num_blocks: int = 64, block_size: int = 16, **kw: Any) -> ModelRunner:
     return ModelRunner(path, block_size=block_size, num_blocks=num_blocks, progress=False, **kw)
 
 

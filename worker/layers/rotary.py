@@ -2,6 +2,25 @@
 
 The inverse frequencies follow transformers' `modeling_rope_utils` formula by formula, so the
 cos/sin tables (and hence the logits) agree with it in float32.
+
+Two types change their frequencies with the length of the sequence, `dynamic` (dynamic NTK) and
+`longrope` (Phi-3). transformers recomputes them in every forward pass from that pass's largest
+position (`dynamic_rope_update`) and never re-rotates the keys already in its cache, so the
+keys of one sequence end up rotated with the frequencies of whichever pass computed them. Over
+a paged prefix cache, where a block's content must be a function of its tokens alone, that
+cannot be reproduced: a block written by a 300-token prefill of one request and read by a
+200-token prefill of another (or by the same request after a chunked prefill or a recompute)
+would hold keys transformers never computed for that sequence. vLLM keeps its cache consistent
+by fixing one set of frequencies for every length — dynamic: the base computed for
+`max_position_embeddings * factor`, which its current formula reduces to the unscaled base;
+longrope: the long factors at every position whenever max_model_len exceeds the original
+length — and so differs from transformers on one side of the threshold or the other.
+
+We follow transformers, and serve these types only up to the length where their frequencies
+are still the unscaled ones: `max_position_embeddings` for dynamic (there it is the default
+RoPE), `original_max_position_embeddings` for longrope (the short factors, with its attention
+scaling). Up to it every split of a sequence into passes, and every cache hit, computes exactly
+what transformers computes; a longer `max_model_len` is refused (`max_exact_positions`).
 """
 
 from __future__ import annotations
@@ -11,12 +30,12 @@ import math
 import torch
 from torch import nn
 
-from worker.config import RopeConfig
+from worker.config import RopeConfig, UnsupportedModelError
 
 
 def default_inv_freq(dim: int, theta: float) -> torch.Tensor:
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
-    return 1.0 / (theta ** exponents)
+    return 1.0 / (theta**exponents)
 
 
 def linear_inv_freq(dim: int, theta: float, params: dict) -> torch.Tensor:
@@ -71,6 +90,47 @@ def _yarn_attention_factor(factor: float, params: dict) -> float:
     return mscale(factor)
 
 
+def dynamic_ntk_inv_freq(
+    dim: int, theta: float, params: dict, seq_len: int | None = None
+) -> torch.Tensor:
+    """transformers' `_compute_dynamic_ntk_parameters` for a pass whose largest position is
+    `seq_len - 1`; up to `max_position_embeddings` (and for None) it is the default RoPE."""
+    factor, max_len = float(params["factor"]), int(params["max_position_embeddings"])
+    seq_len = max(seq_len or max_len, max_len)
+    base = theta * ((factor * seq_len / max_len) - (factor - 1)) ** (dim / (dim - 2))
+    return default_inv_freq(dim, base)
+
+
+def longrope_inv_freq(
+    dim: int, theta: float, params: dict, seq_len: int | None = None
+) -> tuple[torch.Tensor, float]:
+    """transformers' `_compute_longrope_parameters`: short factors up to the original length,
+    long factors past it; the attention scaling does not depend on the length."""
+    old_len = int(params["original_max_position_embeddings"])
+    factor = params.get("factor")
+    if factor is None:  # Phi-3: the ratio of the extended and the original lengths
+        factor = params["max_position_embeddings"] / old_len
+    scale = params.get("attention_factor")
+    if scale is None:
+        scale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old_len))
+    key = "long_factor" if seq_len and seq_len > old_len else "short_factor"
+    ext_factors = torch.tensor(params[key], dtype=torch.float32)
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (ext_factors * theta**exponents), float(scale)
+
+
+def max_exact_positions(rope: RopeConfig) -> int | None:
+    """The longest sequence a length-dependent RoPE type is served for (None: no limit).
+
+    Up to it, the frequencies transformers uses do not depend on the sequence length, so any
+    split into passes and any prefix-cache hit computes what transformers computes."""
+    if rope.type == "dynamic":
+        return int(rope.params["max_position_embeddings"])
+    if rope.type == "longrope":
+        return int(rope.params["original_max_position_embeddings"])
+    return None
+
+
 def inv_freq_and_scale(dim: int, rope: RopeConfig) -> tuple[torch.Tensor, float]:
     if rope.type == "default":
         return default_inv_freq(dim, rope.theta), 1.0
@@ -80,15 +140,30 @@ def inv_freq_and_scale(dim: int, rope: RopeConfig) -> tuple[torch.Tensor, float]
         return llama3_inv_freq(dim, rope.theta, rope.params), 1.0
     if rope.type == "yarn":
         return yarn_inv_freq(dim, rope.theta, rope.params)
+    # The length-dependent types at lengths up to `max_exact_positions` (checked by the caller).
+    if rope.type == "dynamic":
+        return dynamic_ntk_inv_freq(dim, rope.theta, rope.params), 1.0
+    if rope.type == "longrope":
+        return longrope_inv_freq(dim, rope.theta, rope.params)
     raise ValueError(f"unsupported RoPE type {rope.type!r}")
 
 
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for every position up to `max_positions`, looked up once per step."""
 
-    def __init__(self, head_dim: int, max_positions: int, rope: RopeConfig,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, head_dim: int, max_positions: int, rope: RopeConfig, dtype: torch.dtype
+    ) -> None:
         super().__init__()
+        limit = max_exact_positions(rope)
+        if limit is not None and max_positions > limit:
+            raise UnsupportedModelError(
+                f"RoPE type {rope.type!r} changes its frequencies past {limit} positions, and "
+                "transformers then keeps cached keys rotated with the old ones: a paged prefix "
+                "cache cannot reproduce that, so this worker serves such a model only up to "
+                f"{limit} tokens; max_model_len is {max_positions}: pass --max-model-len {limit} "
+                "or less"
+            )
         inv_freq, scale = inv_freq_and_scale(head_dim, rope)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         self.register_buffer("cos", (freqs.cos() * scale).to(dtype), persistent=False)

@@ -19,13 +19,23 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
 }
-ENCODER_CLASSES: dict[str, type[BertModel]] = {"BertModel": BertModel}
+# Checkpoints with a pretraining head load their `bert.` encoder; the head is skipped.
+ENCODER_CLASSES: dict[str, type[BertModel]] = {
+    "BertModel": BertModel,
+    "BertForMaskedLM": BertModel,
+    "BertForPreTraining": BertModel,
+}
 
 M = TypeVar("M", bound=nn.Module)
 
 
-def build_model(cfg: ModelConfig, backend: AttentionBackend, max_positions: int,
-                dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+def build_model(
+    cfg: ModelConfig,
+    backend: AttentionBackend,
+    max_positions: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> LlamaForCausalLM:
     """Uninitialized parameters of `dtype` on `device`; the loader fills them."""
     cls = MODEL_CLASSES[cfg.architecture]
     return _build(lambda: cls(cfg, backend, max_positions, dtype), dtype, device)

@@ -2,7 +2,10 @@
 
 Module names mirror Hugging Face's `BertModel` so checkpoint tensors load by name; only q/k/v
 are packed into one matmul (`packed_modules`). The pooler head is not used by
-sentence-transformers and is skipped.
+sentence-transformers and is skipped. Checkpoints saved from a model with a head
+(BertForMaskedLM, BertForPreTraining, or a BertModel inside a wrapper) prefix the encoder's
+tensors with `bert.`: the loader strips it when the unprefixed names are absent, and the heads
+(`cls.*`) are skipped.
 """
 
 from __future__ import annotations
@@ -28,8 +31,11 @@ class BertEmbeddings(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # Single-segment inputs: every token has token type 0.
-        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
-             + self.token_type_embeddings.weight[0])
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(positions)
+            + self.token_type_embeddings.weight[0]
+        )
         return self.LayerNorm(x)
 
 
@@ -37,13 +43,16 @@ class BertSelfAttention(nn.Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.scale = cfg.head_dim ** -0.5
-        self.qkv_proj = PackedLinear(cfg.hidden_size, dict.fromkeys("qkv", cfg.hidden_size),
-                                     bias=True)
+        self.scale = cfg.head_dim**-0.5
+        self.qkv_proj = PackedLinear(
+            cfg.hidden_size, dict.fromkeys("qkv", cfg.hidden_size), bias=True
+        )
 
     def forward(self, x: torch.Tensor, plan: DensePlan) -> torch.Tensor:
-        q, k, v = (t.view(x.shape[0], self.num_heads, self.head_dim)
-                   for t in self.qkv_proj.split(self.qkv_proj(x)))
+        q, k, v = (
+            t.view(x.shape[0], self.num_heads, self.head_dim)
+            for t in self.qkv_proj.split(self.qkv_proj(x))
+        )
         return dense_attention(q, k, v, plan, self.scale).flatten(1)
 
 
@@ -103,7 +112,9 @@ class BertModel(nn.Module):
         "key": ("qkv_proj", "k"),
         "value": ("qkv_proj", "v"),
     }
-    ignored_weights = ("embeddings.position_ids", "pooler.")
+    # names after stripping a `checkpoint_prefixes` entry; `cls.` is the pretraining heads
+    ignored_weights = ("embeddings.position_ids", "pooler.", "cls.")
+    checkpoint_prefixes = ("bert.",)
 
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
@@ -111,8 +122,9 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                plan: DensePlan) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, plan: DensePlan
+    ) -> torch.Tensor:
         """Flat varlen batch [T] -> last hidden states [T, hidden]."""
         x = self.embeddings(input_ids, positions)
         for layer in self.encoder.layer:
