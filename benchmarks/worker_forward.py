@@ -1,11 +1,26 @@
-"""Step latency of the worker's forward pass on tiny-llama: float32 vs bfloat16, side by side.
+"""Step latency of the worker's forward pass on tiny-llama, next to Hugging Face transformers.
 
     .venv/bin/python benchmarks/worker_forward.py [--batch-sizes 1,8,32] [--prompt-len 128]
 
-Prefill: B fresh prompts of --prompt-len tokens in one step. Decode: B sequences with
---context-len tokens already cached, one new token each per step. Each figure is the median
-of --repeats timed steps after a warm-up, through `ModelRunner.execute` (greedy sampling
-included), on whatever threads torch uses here (see --threads).
+kvledger runs through `ModelRunner.execute` over paged KV memory (torch attention backend,
+greedy sampling included); transformers (the reference implementation, a test dependency) runs
+`AutoModelForCausalLM` from the same model directory in the same dtype, in the same process and
+on the same torch threads, with its default attention implementation.
+
+Prefill: B fresh prompts of --prompt-len tokens in one step. kvledger: one `execute` of B
+chunks; transformers: one forward of the [B, L] batch with use_cache=True and
+logits_to_keep=1 (as `generate` does), then the argmax of the last position.
+
+Decode: B sequences with --context-len tokens already cached, one new token each per step.
+The cache is filled outside the timed region, and every timed step computes the same position
+(--context-len), so each sees the same context: kvledger rewrites that slot of its paged cache;
+transformers runs a [B, 1] forward with its DynamicCache, then `crop(-1)`s it (untimed) back
+to --context-len tokens.
+
+Each figure is the median of --repeats timed steps after one warm-up, the two engines taking
+turns (see `race`), under torch.inference_mode(), for float32 and bfloat16 (see --dtypes). The
+last line counts the sequences whose greedy next token the two engines agree on: a check that
+both computed the same thing.
 """
 
 from __future__ import annotations
@@ -13,16 +28,21 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import transformers
+import transformers.utils.logging
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from kvledger.models import ensure_tiny_llama
 from worker.batch import SeqChunk
+from worker.model_runner import DTYPES as TORCH_DTYPES
 from worker.model_runner import ModelRunner
 
 BLOCK_SIZE = 16
-DTYPES = ("float32", "bfloat16")
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 @dataclass
@@ -30,7 +50,8 @@ class Row:
     phase: str
     batch: int
     tokens: int  # tokens computed per step
-    ms: dict[str, float]
+    ms: dict[tuple[str, str], float]  # (engine, dtype) -> median ms
+    agree: dict[str, int]  # dtype -> sequences whose greedy next token both engines agree on
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -43,82 +64,174 @@ def tables(batch: int, tokens: int) -> list[list[int]]:
     return [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
 
 
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples) * 1000
+@dataclass
+class Step:
+    """One step of an engine on a fixed batch: `run` is timed and returns the greedy tokens;
+    `reset` runs untimed after each `run`."""
+
+    run: Callable[[], list[int]]
+    reset: Callable[[], None] = lambda: None
 
 
-def prefill_ms(runner: ModelRunner, batch: int, length: int, repeats: int) -> float:
+def race(steps: dict[str, Step], repeats: int) -> tuple[dict[str, float], dict[str, list[int]]]:
+    """Median ms of each step over `repeats` timed runs, after one warm-up run each, and the
+    tokens of that warm-up. The steps take turns, in an order reversed every round, so drifts in
+    machine load fall on all of them alike. (Timed in blocks, one engine after the other, the
+    one timed second came out up to ~20% faster: a batch-32 prefill page-faults in ~75-115 MB
+    of activations that the allocator gave back to the OS, as many as what ran before left.)"""
+    tokens = {}
+    for name, step in steps.items():
+        tokens[name] = step.run()
+        step.reset()
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    names = list(steps)
+    for i in range(repeats):
+        for name in names if i % 2 == 0 else names[::-1]:
+            started = time.perf_counter()
+            steps[name].run()
+            samples[name].append(time.perf_counter() - started)
+            steps[name].reset()
+    return {name: statistics.median(s) * 1000 for name, s in samples.items()}, tokens
+
+
+def kvl_tokens(runner: ModelRunner, chunks: list[SeqChunk]) -> list[int]:
+    return [sample.token_id for sample in runner.execute(chunks)]
+
+
+def kvl_prefill(runner: ModelRunner, batch: int, length: int) -> Step:
     ids, blocks = prompts(batch, length, runner.vocab_size, 1), tables(batch, length)
     chunks = [SeqChunk(f"p{i}", ids[i], 0, blocks[i], True) for i in range(batch)]
-    return timed(lambda: runner.execute(chunks), repeats)
+    return Step(lambda: kvl_tokens(runner, chunks))
 
 
-def decode_ms(runner: ModelRunner, batch: int, context: int, repeats: int) -> float:
-    steps = repeats + 1
-    ids = prompts(batch, context + steps, runner.vocab_size, 2)
-    blocks = tables(batch, context + steps)
-    runner.execute([SeqChunk(f"d{i}", ids[i][:context], 0, blocks[i], False)
-                    for i in range(batch)])
-    position = context
-
-    def step() -> None:
-        nonlocal position
-        runner.execute([SeqChunk(f"d{i}", [ids[i][position]], position, blocks[i], True)
-                        for i in range(batch)])
-        position += 1
-
-    return timed(step, repeats)
+def kvl_decode(runner: ModelRunner, batch: int, context: int) -> Step:
+    ids = prompts(batch, context + 1, runner.vocab_size, 2)
+    blocks = tables(batch, context + 1)
+    runner.execute([SeqChunk(f"d{i}", ids[i][:context], 0, blocks[i], False) for i in range(batch)])
+    # every run computes position `context` again (rewriting its slot): the same context each time
+    chunks = [SeqChunk(f"d{i}", [ids[i][context]], context, blocks[i], True) for i in range(batch)]
+    return Step(lambda: kvl_tokens(runner, chunks))
 
 
-def run(args: argparse.Namespace) -> list[Row]:
+def hf_prefill(model, batch: int, length: int) -> Step:
+    ids = torch.tensor(prompts(batch, length, model.config.vocab_size, 1))
+
+    @torch.inference_mode()
+    def run() -> list[int]:
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].argmax(dim=-1).tolist()
+
+    return Step(run)
+
+
+def hf_decode(model, batch: int, context: int) -> Step:
+    ids = torch.tensor(prompts(batch, context + 1, model.config.vocab_size, 2))
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    assert cache.get_seq_length() == context
+
+    @torch.inference_mode()
+    def run() -> list[int]:
+        out = model(input_ids=ids[:, context:], past_key_values=cache, use_cache=True)
+        return out.logits[:, -1].argmax(dim=-1).tolist()
+
+    def crop() -> None:  # back to `context` tokens, so every run sees the same context
+        cache.crop(-1)
+        assert cache.get_seq_length() == context
+
+    return Step(run, crop)
+
+
+def run(args: argparse.Namespace) -> tuple[list[Row], str]:
     model_dir = ensure_tiny_llama()
-    longest = max(args.prompt_len, args.context_len + args.repeats + 1)
+    longest = max(args.prompt_len, args.context_len + 1)
     num_blocks = max(args.batch_sizes) * -(-longest // BLOCK_SIZE)
-    rows = {(phase, b): Row(phase, b, b * (args.prompt_len if phase == "prefill" else 1), {})
-            for phase in ("prefill", "decode") for b in args.batch_sizes}
-    for dtype in DTYPES:
-        runner = ModelRunner(model_dir, block_size=BLOCK_SIZE, num_blocks=num_blocks,
-                             dtype=dtype, progress=False)
-        if args.threads:
+    rows = {
+        (phase, b): Row(phase, b, b * (args.prompt_len if phase == "prefill" else 1), {}, {})
+        for phase in ("prefill", "decode")
+        for b in args.batch_sizes
+    }
+    attn = ""
+    for dtype in args.dtypes:
+        runner = ModelRunner(
+            model_dir, block_size=BLOCK_SIZE, num_blocks=num_blocks, dtype=dtype, progress=False
+        )
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=TORCH_DTYPES[dtype]).eval()
+        attn = hf.config._attn_implementation
+        if args.threads:  # after ModelRunner, which sets its default; one setting for both
             torch.set_num_threads(args.threads)
         for b in args.batch_sizes:
-            rows["prefill", b].ms[dtype] = prefill_ms(runner, b, args.prompt_len, args.repeats)
-            rows["decode", b].ms[dtype] = decode_ms(runner, b, args.context_len, args.repeats)
-    return list(rows.values())
+            for phase in ("prefill", "decode"):
+                if phase == "prefill":
+                    kvl, tf = (
+                        kvl_prefill(runner, b, args.prompt_len),
+                        hf_prefill(hf, b, args.prompt_len),
+                    )
+                else:
+                    kvl, tf = (
+                        kvl_decode(runner, b, args.context_len),
+                        hf_decode(hf, b, args.context_len),
+                    )
+                ms, tokens = race({"kvledger": kvl, "transformers": tf}, args.repeats)
+                row = rows[phase, b]
+                row.ms["kvledger", dtype] = ms["kvledger"]
+                row.ms["transformers", dtype] = ms["transformers"]
+                pairs = zip(tokens["kvledger"], tokens["transformers"], strict=True)
+                row.agree[dtype] = sum(x == y for x, y in pairs)
+        del runner, hf
+    return list(rows.values()), attn
 
 
-def table(rows: list[Row]) -> str:
-    head = ("| phase | batch | tokens/step | fp32 ms | bf16 ms | bf16 speed-up "
-            "| fp32 tok/s | bf16 tok/s |")
-    lines = [head, "|" + "---|" * 8]
+def table(rows: list[Row], dtypes: list[str]) -> str:
+    """Per dtype: kvledger ms, transformers ms, transformers / kvledger (> 1: kvledger faster);
+    then kvledger's bf16 speed-up over fp32 when both ran."""
+    head = ["phase", "batch", "tokens/step"]
+    for d in dtypes:
+        head += [f"kvledger {SHORT[d]} ms", f"transformers {SHORT[d]} ms", f"tf / kvl {SHORT[d]}"]
+    both = "float32" in dtypes and "bfloat16" in dtypes
+    if both:
+        head.append("kvledger bf16 speed-up")
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for r in rows:
-        fp32, bf16 = r.ms["float32"], r.ms["bfloat16"]
-        lines.append(f"| {r.phase} | {r.batch} | {r.tokens} | {fp32:.1f} | {bf16:.1f} "
-                     f"| {fp32 / bf16:.2f}x | {r.tokens / fp32 * 1000:,.0f} "
-                     f"| {r.tokens / bf16 * 1000:,.0f} |")
+        cells = [r.phase, str(r.batch), str(r.tokens)]
+        for d in dtypes:
+            kvl, tf = r.ms["kvledger", d], r.ms["transformers", d]
+            cells += [f"{kvl:.1f}", f"{tf:.1f}", f"{tf / kvl:.2f}x"]
+        if both:
+            cells.append(f"{r.ms['kvledger', 'float32'] / r.ms['kvledger', 'bfloat16']:.2f}x")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-sizes", default="1,8,32",
-                        type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument(
+        "--batch-sizes", default="1,8,32", type=lambda s: [int(x) for x in s.split(",")]
+    )
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--context-len", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--dtypes", default="float32,bfloat16", type=lambda s: s.split(","))
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     args = parser.parse_args()
-    rows = run(args)
-    print(f"tiny-llama, block size {BLOCK_SIZE}, prompt {args.prompt_len} tokens, decode "
-          f"context {args.context_len}, median of {args.repeats}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
-    print(table(rows))
+    for d in args.dtypes:
+        if d not in SHORT:
+            parser.error(f"unknown dtype {d!r} ({', '.join(SHORT)})")
+    transformers.utils.logging.disable_progress_bar()
+    rows, attn = run(args)
+    print(
+        f"tiny-llama, block size {BLOCK_SIZE}, prompt {args.prompt_len} tokens, decode "
+        f"context {args.context_len}, median of {args.repeats}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"transformers {transformers.__version__} (attention: {attn})"
+    )
+    print(table(rows, args.dtypes))
+    agreement = ", ".join(
+        f"{SHORT[d]} {sum(r.agree[d] for r in rows)}/{sum(r.batch for r in rows)}"
+        for d in args.dtypes
+    )
+    print(f"greedy next tokens equal in kvledger and transformers: {agreement}")
 
 
 if __name__ == "__main__":
