@@ -29,6 +29,7 @@ test: install system-deps check-protos lint
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 protos: install
 	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. \

@@ -110,8 +110,10 @@ def main() -> None:
             f"{n:>8} {median:>10.3f} {p90:>8.3f} {p99:>8.3f} {median * 1e3 / n:>14.2f} "
             f"{p90 * 1e3 / n:>11.2f} {reference if reference is not None else '-':>12}"
         )
-    print("* vLLM v1's figures are quoted from issue 3 (same measure, a similar machine); "
-          "they were not measured in this run.")
+    print(
+        "* vLLM v1's figures are quoted from issue 3 (same measure, a similar machine); "
+        "they were not measured in this run."
+    )
 
 
 if __name__ == "__main__":

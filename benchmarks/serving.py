@@ -23,8 +23,10 @@ import openai
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.serving import start_serve  # noqa: E402
 
-SYSTEM = ("You are the ledger. Every block is accounted for, every entry is true now or "
-          "known to be stale before anything reads it. ") * 12
+SYSTEM = (
+    "You are the ledger. Every block is accounted for, every entry is true now or "
+    "known to be stale before anything reads it. "
+) * 12
 
 
 @dataclass
@@ -36,14 +38,21 @@ class Run:
     prompt_tokens: int
 
 
-async def one(client: openai.AsyncOpenAI, prompt: str,
-              max_tokens: int) -> tuple[float, int, int, int]:
+async def one(
+    client: openai.AsyncOpenAI, prompt: str, max_tokens: int
+) -> tuple[float, int, int, int]:
     """(TTFT, output tokens, cached prompt tokens, prompt tokens) of one streamed request."""
     start = time.perf_counter()
     first = None
     stream = await client.completions.create(
-        model="tiny-llama", prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        model="tiny-llama",
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     usage = None
     async for chunk in stream:
         if chunk.choices and first is None:
@@ -51,8 +60,12 @@ async def one(client: openai.AsyncOpenAI, prompt: str,
         if chunk.usage:
             usage = chunk.usage
     assert usage is not None, "the server sent no usage chunk"
-    return (first or 0.0, usage.completion_tokens, usage.prompt_tokens_details.cached_tokens,
-            usage.prompt_tokens)
+    return (
+        first or 0.0,
+        usage.completion_tokens,
+        usage.prompt_tokens_details.cached_tokens,
+        usage.prompt_tokens,
+    )
 
 
 async def workload(url: str, n: int, concurrency: int, max_tokens: int) -> Run:
@@ -62,25 +75,33 @@ async def workload(url: str, n: int, concurrency: int, max_tokens: int) -> Run:
 
     async def guarded(i: int) -> None:
         async with gate:
-            results.append(await one(client, f"{SYSTEM} Question {i}: what is in block {i}?",
-                                     max_tokens))
+            results.append(
+                await one(client, f"{SYSTEM} Question {i}: what is in block {i}?", max_tokens)
+            )
 
     start = time.perf_counter()
     await asyncio.gather(*(guarded(i) for i in range(n)))
     seconds = time.perf_counter() - start
-    return Run(seconds, [r[0] for r in results], sum(r[1] for r in results),
-               sum(r[2] for r in results), sum(r[3] for r in results))
+    return Run(
+        seconds,
+        [r[0] for r in results],
+        sum(r[1] for r in results),
+        sum(r[2] for r in results),
+        sum(r[3] for r in results),
+    )
 
 
 def measure(caching: bool, args: argparse.Namespace) -> Run:
     flag = "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"
     with tempfile.TemporaryDirectory() as tmp:
-        served = start_serve(Path(tmp), flag, "--num-kv-blocks", str(args.kv_blocks),
-                             debug_invariants=False)
+        served = start_serve(
+            Path(tmp), flag, "--num-kv-blocks", str(args.kv_blocks), debug_invariants=False
+        )
         try:
             asyncio.run(workload(served.url, 4, 4, 4))  # warm-up
-            return asyncio.run(workload(served.url, args.requests, args.concurrency,
-                                        args.max_tokens))
+            return asyncio.run(
+                workload(served.url, args.requests, args.concurrency, args.max_tokens)
+            )
         finally:
             served.stop()
 
@@ -100,8 +121,10 @@ def main() -> None:
         ("TTFT p90 (ms)", lambda r: 1000 * statistics.quantiles(r.ttft, n=10)[-1]),
         ("prompt tokens cached (%)", lambda r: 100 * r.cached_tokens / max(r.prompt_tokens, 1)),
     ]
-    print(f"{args.requests} streaming requests, concurrency {args.concurrency}, "
-          f"{args.max_tokens} output tokens, shared prefix of ~{len(SYSTEM.split())} words")
+    print(
+        f"{args.requests} streaming requests, concurrency {args.concurrency}, "
+        f"{args.max_tokens} output tokens, shared prefix of ~{len(SYSTEM.split())} words"
+    )
     print("| metric | cache on | cache off | on / off |\n|---|---:|---:|---:|")
     for name, fn in rows:
         a, b = fn(on), fn(off)

@@ -67,26 +67,48 @@ def _die_with_parent() -> None:
 def _serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvledger serve",
-        description="Start the scheduler, worker(s) and the HTTP frontend as separate processes.")
+        description="Start the scheduler, worker(s) and the HTTP frontend as separate processes.",
+    )
     add_flags(parser, [f for f in FLAGS if f.name != "--scheduler"])
-    parser.add_argument("--num-workers", type=int,
-                        default=int(os.environ.get("KVLEDGER_NUM_WORKERS", "1")),
-                        help="workers started for --model [env KVLEDGER_NUM_WORKERS]")
-    parser.add_argument("--embedding-model",
-                        default=os.environ.get("KVLEDGER_EMBEDDING_MODEL", EMBEDDING_MODEL),
-                        help="model of the embedding worker, or 'none' to start none "
-                        "[env KVLEDGER_EMBEDDING_MODEL]")
+    parser.add_argument(
+        "--num-workers",
+        type=int,
+        default=int(os.environ.get("KVLEDGER_NUM_WORKERS", "1")),
+        help="workers started for --model [env KVLEDGER_NUM_WORKERS]",
+    )
+    parser.add_argument(
+        "--embedding-model",
+        default=os.environ.get("KVLEDGER_EMBEDDING_MODEL", EMBEDDING_MODEL),
+        help="model of the embedding worker, or 'none' to start none "
+        "[env KVLEDGER_EMBEDDING_MODEL]",
+    )
     return parser
 
 
-def _embedding_worker_argv(args: argparse.Namespace, scheduler_addr: str, metrics_port: int,
-                           index: int) -> list[str]:
+def _embedding_worker_argv(
+    args: argparse.Namespace, scheduler_addr: str, metrics_port: int, index: int
+) -> list[str]:
     """The embedding worker shares the device settings, not the generative model's sizing."""
-    return ["--model", args.embedding_model, "--served-model-name", args.embedding_model,
-            "--dtype", args.dtype, "--device", args.device, "--seed", str(args.seed),
-            "--log-level", args.log_level,
-            "--scheduler", scheduler_addr, "--metrics-port", str(metrics_port),
-            "--worker-id", f"embed-{index}"]
+    return [
+        "--model",
+        args.embedding_model,
+        "--served-model-name",
+        args.embedding_model,
+        "--dtype",
+        args.dtype,
+        "--device",
+        args.device,
+        "--seed",
+        str(args.seed),
+        "--log-level",
+        args.log_level,
+        "--scheduler",
+        scheduler_addr,
+        "--metrics-port",
+        str(metrics_port),
+        "--worker-id",
+        f"embed-{index}",
+    ]
 
 
 def _popen(module: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -120,8 +142,9 @@ def _wait_healthy(url: str, children: list[Child], stopping: dict) -> bool:
             return False
         for child in children:
             if child.process.poll() is not None:
-                log.error("%s exited with code %s during startup", child.name,
-                          child.process.returncode)
+                log.error(
+                    "%s exited with code %s during startup", child.name, child.process.returncode
+                )
                 return False
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
@@ -172,29 +195,65 @@ def serve(argv: Sequence[str]) -> int:
 
     children: list[Child] = []
     try:
-        children.append(_spawn("scheduler", "scheduler_svc", to_argv(args, SCHEDULER) +
-                               ["--metrics-port", str(metrics_base)], to_env(args, SCHEDULER)))
+        children.append(
+            _spawn(
+                "scheduler",
+                "scheduler_svc",
+                to_argv(args, SCHEDULER) + ["--metrics-port", str(metrics_base)],
+                to_env(args, SCHEDULER),
+            )
+        )
         for i in range(args.num_workers):
-            children.append(_spawn(f"worker-{i}", "worker", to_argv(args, WORKER) + [
-                "--scheduler", scheduler_addr, "--metrics-port", str(metrics_base + 1 + i),
-                "--worker-id", f"{args.worker_id or 'worker'}-{i}", "--served-model-name",
-                served_name], to_env(args, WORKER)))
+            children.append(
+                _spawn(
+                    f"worker-{i}",
+                    "worker",
+                    to_argv(args, WORKER)
+                    + [
+                        "--scheduler",
+                        scheduler_addr,
+                        "--metrics-port",
+                        str(metrics_base + 1 + i),
+                        "--worker-id",
+                        f"{args.worker_id or 'worker'}-{i}",
+                        "--served-model-name",
+                        served_name,
+                    ],
+                    to_env(args, WORKER),
+                )
+            )
         required = [served_name]
         if args.embedding_model != "none":
             port = metrics_base + 1 + args.num_workers
-            children.append(_spawn("embed-0", "worker", _embedding_worker_argv(
-                args, scheduler_addr, port, 0), to_env(args, WORKER)))
+            children.append(
+                _spawn(
+                    "embed-0",
+                    "worker",
+                    _embedding_worker_argv(args, scheduler_addr, port, 0),
+                    to_env(args, WORKER),
+                )
+            )
             required.append(args.embedding_model)
-        children.append(_spawn("frontend", "server", to_argv(args, FRONTEND) + [
-            "--scheduler", scheduler_addr] + [a for m in required for a in ("--require-model", m)],
-            to_env(args, FRONTEND)))
+        children.append(
+            _spawn(
+                "frontend",
+                "server",
+                to_argv(args, FRONTEND)
+                + ["--scheduler", scheduler_addr]
+                + [a for m in required for a in ("--require-model", m)],
+                to_env(args, FRONTEND),
+            )
+        )
         host = "localhost" if args.host in ("0.0.0.0", "127.0.0.1") else args.host
         url = f"http://{host}:{args.port}"
-        if not _wait_healthy(f"http://127.0.0.1:{args.port}" if host == "localhost" else url,
-                             children, stopping):
+        if not _wait_healthy(
+            f"http://127.0.0.1:{args.port}" if host == "localhost" else url, children, stopping
+        ):
             return 0 if stopping["signal"] is not None else 1
-        print(f"kvledger is serving {', '.join(required)} at {url}  "
-              f"(OpenAI API under {url}/v1)", flush=True)
+        print(
+            f"kvledger is serving {', '.join(required)} at {url}  (OpenAI API under {url}/v1)",
+            flush=True,
+        )
         while stopping["signal"] is None:
             if not _supervise(children):
                 return 1

@@ -46,68 +46,167 @@ FLAGS: tuple[Flag, ...] = (
     # frontend
     _f("--host", [FRONTEND], "address the HTTP frontend binds", default="127.0.0.1"),
     _f("--port", [FRONTEND], "HTTP port of the frontend", type=int, default=8000),
-    _f("--api-key", [FRONTEND], "accepted API key (repeatable); none = open", kind="list",
-       secret=True),
-    _f("--require-model", [FRONTEND],
-       "model that must have a live worker for /health to be 200 (repeatable)", kind="list"),
+    _f(
+        "--api-key",
+        [FRONTEND],
+        "accepted API key (repeatable); none = open",
+        kind="list",
+        secret=True,
+    ),
+    _f(
+        "--require-model",
+        [FRONTEND],
+        "model that must have a live worker for /health to be 200 (repeatable)",
+        kind="list",
+    ),
     _f("--api-keys-file", [FRONTEND], "file with one accepted API key per line"),
-    _f("--metrics-public", [FRONTEND], "serve /metrics without an API key", kind="switch",
-       default=False),
-    _f("--max-request-body-bytes", [FRONTEND], "largest accepted request body", type=int,
-       default=4 * 1024 * 1024),
-    _f("--max-prompts-per-request", [FRONTEND], "most prompts (times n) in one completion",
-       type=int, default=64),
+    _f(
+        "--metrics-public",
+        [FRONTEND],
+        "serve /metrics without an API key",
+        kind="switch",
+        default=False,
+    ),
+    _f(
+        "--max-request-body-bytes",
+        [FRONTEND],
+        "largest accepted request body",
+        type=int,
+        default=4 * 1024 * 1024,
+    ),
+    _f(
+        "--max-prompts-per-request",
+        [FRONTEND],
+        "most prompts (times n) in one completion",
+        type=int,
+        default=64,
+    ),
     _f("--max-n", [FRONTEND], "largest n of one completion", type=int, default=16),
     _f("--max-stop-strings", [FRONTEND], "most stop strings per request", type=int, default=16),
     _f("--max-stop-string-length", [FRONTEND], "longest stop string", type=int, default=256),
-    _f("--max-embedding-inputs", [FRONTEND], "most inputs of one embeddings request", type=int,
-       default=256),
+    _f(
+        "--max-embedding-inputs",
+        [FRONTEND],
+        "most inputs of one embeddings request",
+        type=int,
+        default=256,
+    ),
     # scheduler
-    _f("--grpc-host", [SCHEDULER], "address the scheduler's gRPC server binds",
-       default="127.0.0.1"),
+    _f(
+        "--grpc-host", [SCHEDULER], "address the scheduler's gRPC server binds", default="127.0.0.1"
+    ),
     _f("--grpc-port", [SCHEDULER], "gRPC port of the scheduler", type=int, default=50051),
     _f("--max-num-seqs", [SCHEDULER], "most sequences in one step", type=int, default=64),
-    _f("--max-num-batched-tokens", [SCHEDULER], "token budget of one step", type=int,
-       default=2048),
-    _f("--enable-prefix-caching", [SCHEDULER], "reuse KV blocks of shared prefixes",
-       kind="bool", default=True),
-    _f("--enable-chunked-prefill", [SCHEDULER], "split long prompts across steps",
-       kind="bool", default=True),
-    _f("--scheduling-policy", [SCHEDULER], "order of the waiting queue", default="fcfs",
-       choices=("fcfs", "priority")),
-    _f("--max-waiting-requests", [SCHEDULER],
-       "queue length per model past which requests get 429", type=int, default=4096),
-    _f("--debug-invariants", [SCHEDULER], "check every ledger invariant after every step",
-       kind="switch", default=False),
+    _f("--max-num-batched-tokens", [SCHEDULER], "token budget of one step", type=int, default=2048),
+    _f(
+        "--enable-prefix-caching",
+        [SCHEDULER],
+        "reuse KV blocks of shared prefixes",
+        kind="bool",
+        default=True,
+    ),
+    _f(
+        "--enable-chunked-prefill",
+        [SCHEDULER],
+        "split long prompts across steps",
+        kind="bool",
+        default=True,
+    ),
+    _f(
+        "--scheduling-policy",
+        [SCHEDULER],
+        "order of the waiting queue",
+        default="fcfs",
+        choices=("fcfs", "priority"),
+    ),
+    _f(
+        "--max-waiting-requests",
+        [SCHEDULER],
+        "queue length per model past which requests get 429",
+        type=int,
+        default=4096,
+    ),
+    _f(
+        "--debug-invariants",
+        [SCHEDULER],
+        "check every ledger invariant after every step",
+        kind="switch",
+        default=False,
+    ),
     # worker
-    _f("--model", [WORKER], "HF model directory, or tiny-llama (generated random weights)",
-       default="tiny-llama"),
+    _f(
+        "--model",
+        [WORKER],
+        "HF model directory, or tiny-llama (generated random weights)",
+        default="tiny-llama",
+    ),
     _f("--served-model-name", [WORKER], "name clients use for the model (default: derived)"),
     _f("--block-size", [WORKER], "tokens per KV block", type=int, default=16),
-    _f("--num-kv-blocks", [WORKER], "fixed number of KV blocks (overrides the memory budget)",
-       type=int),
-    _f("--kv-cache-memory-bytes", [WORKER], "KV cache budget in bytes (default: 512 MiB on "
-       "CPU; on CUDA, --gpu-memory-utilization decides)", type=int),
-    _f("--gpu-memory-utilization", [WORKER], "fraction of GPU memory for weights and KV",
-       type=float, default=0.9),
+    _f(
+        "--num-kv-blocks",
+        [WORKER],
+        "fixed number of KV blocks (overrides the memory budget)",
+        type=int,
+    ),
+    _f(
+        "--kv-cache-memory-bytes",
+        [WORKER],
+        "KV cache budget in bytes (default: 512 MiB on "
+        "CPU; on CUDA, --gpu-memory-utilization decides)",
+        type=int,
+    ),
+    _f(
+        "--gpu-memory-utilization",
+        [WORKER],
+        "fraction of GPU memory for weights and KV",
+        type=float,
+        default=0.9,
+    ),
     _f("--max-model-len", [WORKER], "context length (default: the model's)", type=int),
-    _f("--dtype", [WORKER], "weight and activation dtype", default="float32",
-       choices=("auto", "float32", "bfloat16", "float16")),
+    _f(
+        "--dtype",
+        [WORKER],
+        "weight and activation dtype",
+        default="float32",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    ),
     _f("--device", [WORKER], "torch device", default="cpu"),
-    _f("--attention-backend", [WORKER], "paged attention kernel (auto: flash_attn on CUDA "
-       "when importable, else torch)", default="auto", choices=("auto", "torch", "flash_attn")),
+    _f(
+        "--attention-backend",
+        [WORKER],
+        "paged attention kernel (auto: flash_attn on CUDA when importable, else torch)",
+        default="auto",
+        choices=("auto", "torch", "flash_attn"),
+    ),
     _f("--seed", [WORKER], "base random seed", type=int, default=0),
     _f("--worker-id", [WORKER], "name of this worker (default: host-pid)"),
     # more than one service
-    _f("--scheduler", [FRONTEND, WORKER], "scheduler gRPC address HOST:PORT",
-       default="127.0.0.1:50051"),
-    _f("--metrics-port", [SCHEDULER, WORKER],
-       "Prometheus port (serve: scheduler here, worker i at +1+i)", type=int),
-    _f("--worker-auth-token", [SCHEDULER, WORKER],
-       "shared secret a worker presents when it registers (empty = none)", default="",
-       secret=True),
-    _f("--log-level", [FRONTEND, SCHEDULER, WORKER], "logging level", default="info",
-       choices=("debug", "info", "warning", "error")),
+    _f(
+        "--scheduler",
+        [FRONTEND, WORKER],
+        "scheduler gRPC address HOST:PORT",
+        default="127.0.0.1:50051",
+    ),
+    _f(
+        "--metrics-port",
+        [SCHEDULER, WORKER],
+        "Prometheus port (serve: scheduler here, worker i at +1+i)",
+        type=int,
+    ),
+    _f(
+        "--worker-auth-token",
+        [SCHEDULER, WORKER],
+        "shared secret a worker presents when it registers (empty = none)",
+        default="",
+        secret=True,
+    ),
+    _f(
+        "--log-level",
+        [FRONTEND, SCHEDULER, WORKER],
+        "logging level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+    ),
 )
 
 DEFAULT_METRICS_PORT = {SCHEDULER: 9400, WORKER: 9401}
@@ -133,17 +232,30 @@ def add_flags(parser: argparse.ArgumentParser, flags: Iterable[Flag]) -> None:
         default = _env_default(flag)
         help_text = f"{flag.help} [env {flag.env_var}]"
         if flag.kind == "bool":
-            parser.add_argument(flag.name, dest=flag.dest, default=default, help=help_text,
-                                action=argparse.BooleanOptionalAction)
+            parser.add_argument(
+                flag.name,
+                dest=flag.dest,
+                default=default,
+                help=help_text,
+                action=argparse.BooleanOptionalAction,
+            )
         elif flag.kind == "switch":
-            parser.add_argument(flag.name, dest=flag.dest, default=default, help=help_text,
-                                action="store_true")
+            parser.add_argument(
+                flag.name, dest=flag.dest, default=default, help=help_text, action="store_true"
+            )
         elif flag.kind == "list":
-            parser.add_argument(flag.name, dest=flag.dest, default=None, help=help_text,
-                                action="append")
+            parser.add_argument(
+                flag.name, dest=flag.dest, default=None, help=help_text, action="append"
+            )
         else:
-            parser.add_argument(flag.name, dest=flag.dest, default=default, help=help_text,
-                                type=flag.type, choices=flag.choices)
+            parser.add_argument(
+                flag.name,
+                dest=flag.dest,
+                default=default,
+                help=help_text,
+                type=flag.type,
+                choices=flag.choices,
+            )
 
 
 def parse(service: str, argv: Sequence[str] | None, description: str) -> argparse.Namespace:

@@ -8,8 +8,11 @@ import sys
 
 def setup_logging(service: str, level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(
-        f"%(asctime)s %(levelname)-5s [{service}] %(name)s: %(message)s", "%H:%M:%S"))
+    handler.setFormatter(
+        logging.Formatter(
+            f"%(asctime)s %(levelname)-5s [{service}] %(name)s: %(message)s", "%H:%M:%S"
+        )
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

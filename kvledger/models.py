@@ -89,8 +89,12 @@ class TinyLlamaRecipe:
 
 
 TINY_LLAMA_RECIPE = TinyLlamaRecipe()
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "vocab.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+)
 BOS_TOKEN = "[CLS]"
 EOS_TOKEN = "[SEP]"
 PAD_TOKEN = "[PAD]"
@@ -123,7 +127,8 @@ def resolve_model(name_or_path: str) -> Path:
         raise FileNotFoundError(
             f"model {name_or_path!r} is neither {TINY_LLAMA!r} nor an existing directory; "
             "point --model at a Hugging Face model directory (config.json, *.safetensors, "
-            "tokenizer.json)")
+            "tokenizer.json)"
+        )
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"model directory {path} has no config.json")
     return path.resolve()
@@ -183,12 +188,15 @@ def _write_tokenizer(out: Path, max_len: int) -> None:
     for name in TOKENIZER_FILES:
         shutil.copyfile(src / name, out / name)
     _write_json(out / "tokenizer.json", _decoder_tokenizer(src / "tokenizer.json"))
-    specials = {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN,
-                "unk_token": "[UNK]"}
+    specials = {
+        "bos_token": BOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "pad_token": PAD_TOKEN,
+        "unk_token": "[UNK]",
+    }
     tok_config = json.loads((src / "tokenizer_config.json").read_text())
     # The fast tokenizer class uses tokenizer.json as written, post-processor included.
-    tok_config.update(specials, tokenizer_class="PreTrainedTokenizerFast",
-                      model_max_length=max_len)
+    tok_config.update(specials, tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_len)
     for key in ("cls_token", "sep_token", "mask_token", "name_or_path"):
         tok_config.pop(key, None)
     _write_json(out / "tokenizer_config.json", tok_config)
@@ -203,8 +211,11 @@ def _decoder_tokenizer(path: Path) -> dict[str, object]:
     data["post_processor"] = {
         "type": "TemplateProcessing",
         "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}},
-                 {"Sequence": {"id": "B", "type_id": 1}}],
+        "pair": [
+            bos,
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"Sequence": {"id": "B", "type_id": 1}},
+        ],
         "special_tokens": {BOS_TOKEN: {"id": BOS_TOKEN, "ids": [bos_id], "tokens": [BOS_TOKEN]}},
     }
     # The embedding model pads and truncates every input to 128 tokens; a decoder must not.

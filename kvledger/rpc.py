@@ -17,7 +17,11 @@ _MESSAGES = [
 ]
 
 CHANNEL_OPTIONS = _MESSAGES + _KEEPALIVE
-SERVER_OPTIONS = _MESSAGES + _KEEPALIVE + [
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.http2.max_pings_without_data", 0),
-]
+SERVER_OPTIONS = (
+    _MESSAGES
+    + _KEEPALIVE
+    + [
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+)

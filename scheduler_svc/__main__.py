@@ -24,8 +24,9 @@ from scheduler_svc.service import SchedulerServicer, WorkerLinkServicer
 log = logging.getLogger("scheduler_svc")
 
 
-async def start(args: argparse.Namespace, metrics: bool = True
-                ) -> tuple[grpc.aio.Server, Engine, health.aio.HealthServicer]:
+async def start(
+    args: argparse.Namespace, metrics: bool = True
+) -> tuple[grpc.aio.Server, Engine, health.aio.HealthServicer]:
     """Starts the gRPC server (and the metrics endpoint); returns once it accepts calls."""
     engine = Engine(EngineConfig.from_args(args))
     if metrics:
@@ -34,7 +35,8 @@ async def start(args: argparse.Namespace, metrics: bool = True
     server = grpc.aio.server(options=SERVER_OPTIONS)
     frontend_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(engine), server)
     worker_pb2_grpc.add_WorkerLinkServicer_to_server(
-        WorkerLinkServicer(engine, args.worker_auth_token), server)
+        WorkerLinkServicer(engine, args.worker_auth_token), server
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{args.grpc_host}:{args.grpc_port}"

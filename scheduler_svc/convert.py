@@ -18,8 +18,9 @@ def _hashes(pairs: Iterable[BlockHashPair]) -> list[worker_pb2.BlockHash]:
     return [worker_pb2.BlockHash(block_id=b, hash=h) for b, h in pairs]
 
 
-def plan_from_output(out: SchedulerOutput,
-                     live_of: Callable[[str], LiveRequest]) -> worker_pb2.Plan:
+def plan_from_output(
+    out: SchedulerOutput, live_of: Callable[[str], LiveRequest]
+) -> worker_pb2.Plan:
     plan = worker_pb2.Plan(step_id=out.step_id, dropped_request_ids=out.dropped_request_ids)
     for new in out.new:
         live = live_of(new.request_id)

@@ -82,9 +82,12 @@ class Engine:
     def ledger_snapshots(self) -> list[tuple[str, str, SchedulerSnapshot]]:
         """Every ledger's counters, read on the engine's loop so that no step is half-seen
         (the metrics endpoint calls this from its own thread)."""
+
         def take() -> list[tuple[str, str, SchedulerSnapshot]]:
-            return [(lk.model, lk.worker_id, lk.scheduler.snapshot())
-                    for lk in list(self.links.values())]
+            return [
+                (lk.model, lk.worker_id, lk.scheduler.snapshot())
+                for lk in list(self.links.values())
+            ]
 
         loop = self._loop
         if loop is None or not loop.is_running() or _on_loop(loop):
@@ -97,15 +100,20 @@ class Engine:
 
     def register(self, registration: worker_pb2.Registration) -> WorkerLink:
         if registration.worker_id in self.links:
-            raise PlacementError(grpc.StatusCode.ALREADY_EXISTS,
-                                 f"worker {registration.worker_id!r} is already connected")
+            raise PlacementError(
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"worker {registration.worker_id!r} is already connected",
+            )
         is_embed = registration.kind == frontend_pb2.MODEL_KIND_EMBED
         chunked = self.config.enable_chunked_prefill and not is_embed
         budget = self.config.max_num_batched_tokens
         if not chunked and budget < registration.max_model_len:
             # A whole prompt must fit one step when it cannot be split.
-            log.info("worker %s: token budget raised to max_model_len %d (no chunked prefill)",
-                     registration.worker_id, registration.max_model_len)
+            log.info(
+                "worker %s: token budget raised to max_model_len %d (no chunked prefill)",
+                registration.worker_id,
+                registration.max_model_len,
+            )
             budget = registration.max_model_len
         cfg = SchedulerConfig(
             num_blocks=registration.num_blocks,
@@ -125,8 +133,13 @@ class Engine:
         self.links[link.worker_id] = link
         self.known_models.add(link.model)
         _refreeze_gc()
-        log.info("worker %s registered: model %s, %d blocks of %d tokens", link.worker_id,
-                 link.model, registration.num_blocks, registration.block_size)
+        log.info(
+            "worker %s registered: model %s, %d blocks of %d tokens",
+            link.worker_id,
+            link.model,
+            registration.num_blocks,
+            registration.block_size,
+        )
         return link
 
     def _check_consistent(self, reg: worker_pb2.Registration) -> None:
@@ -139,7 +152,8 @@ class Engine:
                         grpc.StatusCode.FAILED_PRECONDITION,
                         f"worker {reg.worker_id!r} serves {reg.model_name!r} with {field} "
                         f"{getattr(reg, field)}, but worker {other.worker_id!r} has "
-                        f"{getattr(theirs, field)}")
+                        f"{getattr(theirs, field)}",
+                    )
 
     def unregister(self, link: WorkerLink) -> None:
         if self.links.get(link.worker_id) is not link:
@@ -166,10 +180,15 @@ class Engine:
             info = infos.get(reg.model_name)
             if info is None:
                 info = infos[reg.model_name] = frontend_pb2.ModelInfo(
-                    name=reg.model_name, kind=reg.kind, model_path=reg.model_path,
-                    max_model_len=reg.max_model_len, vocab_size=reg.vocab_size,
-                    eos_token_ids=reg.eos_token_ids, block_size=reg.block_size,
-                    embedding_size=reg.embedding_size)
+                    name=reg.model_name,
+                    kind=reg.kind,
+                    model_path=reg.model_path,
+                    max_model_len=reg.max_model_len,
+                    vocab_size=reg.vocab_size,
+                    eos_token_ids=reg.eos_token_ids,
+                    block_size=reg.block_size,
+                    embedding_size=reg.embedding_size,
+                )
             info.num_workers += 1
         return sorted(infos.values(), key=lambda m: m.name)
 
@@ -195,14 +214,17 @@ class Engine:
         live = LiveRequest(core=core, model=req.model, sampling=req.sampling)
         return self._admit(live)
 
-    def submit_embed(self, request_id: str, model: str, token_ids: list[int],
-                     embed: worker_pb2.EmbedParams) -> LiveRequest:
+    def submit_embed(
+        self, request_id: str, model: str, token_ids: list[int], embed: worker_pb2.EmbedParams
+    ) -> LiveRequest:
         links = self._check_model(model, request_id, embed=True)
         self._check_tokens(token_ids, links[0].registration)
-        core = Request(request_id=request_id, prompt_token_ids=token_ids, max_tokens=0,
-                       is_embedding=True)
-        live = LiveRequest(core=core, model=model, sampling=frontend_pb2.SamplingParams(),
-                           embed=embed)
+        core = Request(
+            request_id=request_id, prompt_token_ids=token_ids, max_tokens=0, is_embedding=True
+        )
+        live = LiveRequest(
+            core=core, model=model, sampling=frontend_pb2.SamplingParams(), embed=embed
+        )
         return self._admit(live)
 
     def abort(self, request_id: str) -> bool:
@@ -228,21 +250,25 @@ class Engine:
 
     def _check_model(self, model: str, request_id: str, embed: bool) -> list[WorkerLink]:
         if request_id in self.requests:
-            raise PlacementError(grpc.StatusCode.ALREADY_EXISTS,
-                                 f"request id {request_id!r} is already in use")
+            raise PlacementError(
+                grpc.StatusCode.ALREADY_EXISTS, f"request id {request_id!r} is already in use"
+            )
         links = self.links_for(model)
         if not links:
             if model in self.known_models:
-                raise PlacementError(grpc.StatusCode.UNAVAILABLE,
-                                     f"no worker for model {model!r} is up")
+                raise PlacementError(
+                    grpc.StatusCode.UNAVAILABLE, f"no worker for model {model!r} is up"
+                )
             raise PlacementError(grpc.StatusCode.NOT_FOUND, f"model {model!r} does not exist")
         if links[0].is_embedding and not embed:
-            raise PlacementError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"model {model!r} is an embedding model")
+            raise PlacementError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"model {model!r} is an embedding model"
+            )
         waiting = sum(link.scheduler.num_waiting for link in links)
         if waiting >= self.config.max_waiting_requests:
-            raise PlacementError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 f"the queue for model {model!r} is full")
+            raise PlacementError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"the queue for model {model!r} is full"
+            )
         return links
 
     @staticmethod
@@ -251,14 +277,17 @@ class Engine:
             raise PlacementError(grpc.StatusCode.INVALID_ARGUMENT, "the prompt is empty")
         bad = next((t for t in token_ids if t >= reg.vocab_size), None)
         if bad is not None:
-            raise PlacementError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"token id {bad} is out of vocabulary (size {reg.vocab_size})")
+            raise PlacementError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"token id {bad} is out of vocabulary (size {reg.vocab_size})",
+            )
 
     def _place(self, live: LiveRequest) -> None:
         links = self.links_for(live.model)
         if not links:
-            raise PlacementError(grpc.StatusCode.UNAVAILABLE,
-                                 f"no worker for model {live.model!r} is up")
+            raise PlacementError(
+                grpc.StatusCode.UNAVAILABLE, f"no worker for model {live.model!r} is up"
+            )
         link = max(links, key=lambda lk: self._placement_score(lk, live.core))
         self.where[live.request_id] = link
         link.add(live)

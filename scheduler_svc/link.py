@@ -16,8 +16,9 @@ from scheduler_svc.live import Delivery, LiveRequest
 
 log = logging.getLogger(__name__)
 
-EMPTY_OUTPUT = SchedulerOutput(step_id=0, new=[], cont=[], dropped_request_ids=[], finished=[],
-                               num_batched_tokens=0)
+EMPTY_OUTPUT = SchedulerOutput(
+    step_id=0, new=[], cont=[], dropped_request_ids=[], finished=[], num_batched_tokens=0
+)
 
 
 class LinkClosed(Exception):
@@ -25,8 +26,12 @@ class LinkClosed(Exception):
 
 
 class WorkerLink:
-    def __init__(self, registration: worker_pb2.Registration, config: SchedulerConfig,
-                 on_update: Callable[[LiveRequest, Delivery], None]) -> None:
+    def __init__(
+        self,
+        registration: worker_pb2.Registration,
+        config: SchedulerConfig,
+        on_update: Callable[[LiveRequest, Delivery], None],
+    ) -> None:
         self.registration = registration
         self.worker_id = registration.worker_id
         self.model = registration.model_name
@@ -112,12 +117,13 @@ class WorkerLink:
                 continue
             if update.finish_reason is not None:
                 del self.live[update.request_id]
-            self._on_update(live, Delivery(update, self._logprobs_for(live, update),
-                                           live.take_prompt_logprobs()))
+            self._on_update(
+                live,
+                Delivery(update, self._logprobs_for(live, update), live.take_prompt_logprobs()),
+            )
 
     @staticmethod
-    def _logprobs_for(live: LiveRequest,
-                      update: RequestUpdate) -> list[frontend_pb2.TokenLogprob]:
+    def _logprobs_for(live: LiveRequest, update: RequestUpdate) -> list[frontend_pb2.TokenLogprob]:
         """Pairs this step's logprob with the token the ledger accepted (at most one a step)."""
         step, live.step_logprob = live.step_logprob, None
         if not live.wants_logprobs:

@@ -66,16 +66,21 @@ class LiveRequest:
         """Every prompt token that has a logprob got one."""
         return self.num_prompt_scored >= len(self.core.prompt_token_ids) - 1
 
-    def receive_prompt_logprobs(self, start: int,
-                                entries: Sequence[frontend_pb2.TokenLogprob]) -> None:
+    def receive_prompt_logprobs(
+        self, start: int, entries: Sequence[frontend_pb2.TokenLogprob]
+    ) -> None:
         """Keeps each prompt token's entry once: a recomputed request (preemption, a lost
         worker) scores its prompt again from the start."""
         if not self.wants_prompt_logprobs:
             return
         seen = self.num_prompt_scored + 1 - start  # entries of this chunk that arrived before
         if seen < 0:  # a hole: a bug signal, and never filled with made-up numbers
-            log.warning("request %s: prompt logprobs from token %d, expected %d",
-                        self.request_id, start, self.num_prompt_scored + 1)
+            log.warning(
+                "request %s: prompt logprobs from token %d, expected %d",
+                self.request_id,
+                start,
+                self.num_prompt_scored + 1,
+            )
             return
         fresh = entries[seen:]
         self.pending_prompt_logprobs.extend(fresh)

@@ -15,32 +15,73 @@ if TYPE_CHECKING:
     from scheduler_svc.live import LiveRequest
 
 # Buckets wide enough for a 2-core CPU (seconds per token) and an H100 (milliseconds).
-LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
-                   20.48, 40.96, 81.92, 163.84)
-TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28,
-                         2.56, 5.12)
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+    163.84,
+)
+TOKEN_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+)
+
 
 class RequestMetrics:
     """Per-request latencies and token counts, labelled by model only."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(f"kvledger_{name}", doc, ["model"], buckets=buckets,
-                             registry=registry)
+            return Histogram(f"kvledger_{name}", doc, ["model"], buckets=buckets, registry=registry)
 
         self.ttft = hist("time_to_first_token_seconds", "Time to first token", LATENCY_BUCKETS)
-        self.tpot = hist("time_per_output_token_seconds", "Time per output token after the first",
-                         TOKEN_LATENCY_BUCKETS)
+        self.tpot = hist(
+            "time_per_output_token_seconds",
+            "Time per output token after the first",
+            TOKEN_LATENCY_BUCKETS,
+        )
         self.e2e = hist("e2e_request_latency_seconds", "Arrival to finish", LATENCY_BUCKETS)
-        self.queue = hist("request_queue_time_seconds", "Arrival to first scheduled",
-                          LATENCY_BUCKETS)
-        self.finished_total = Counter("kvledger_requests_finished_total",
-                                      "Requests finished, by reason", ["model", "reason"],
-                                      registry=registry)
-        self.prompt_tokens = Counter("kvledger_prompt_tokens_total", "Prompt tokens of finished "
-                                     "requests", ["model"], registry=registry)
-        self.generation_tokens = Counter("kvledger_generation_tokens_total",
-                                         "Generated tokens", ["model"], registry=registry)
+        self.queue = hist(
+            "request_queue_time_seconds", "Arrival to first scheduled", LATENCY_BUCKETS
+        )
+        self.finished_total = Counter(
+            "kvledger_requests_finished_total",
+            "Requests finished, by reason",
+            ["model", "reason"],
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "kvledger_prompt_tokens_total",
+            "Prompt tokens of finished requests",
+            ["model"],
+            registry=registry,
+        )
+        self.generation_tokens = Counter(
+            "kvledger_generation_tokens_total", "Generated tokens", ["model"], registry=registry
+        )
 
     def tokens_generated(self, live: LiveRequest, count: int) -> None:
         if count:
@@ -64,8 +105,9 @@ class RequestMetrics:
 class LedgerCollector(Collector):
     """Reads every worker's ledger at scrape time, so the numbers are exactly the ledger's."""
 
-    def __init__(self, snapshots: Callable[[], Iterable[tuple[str, str, SchedulerSnapshot]]]
-                 ) -> None:
+    def __init__(
+        self, snapshots: Callable[[], Iterable[tuple[str, str, SchedulerSnapshot]]]
+    ) -> None:
         self._snapshots = snapshots  # (model, worker, snapshot), taken on the engine's loop
 
     def collect(self):  # noqa: ANN201 - prometheus_client's protocol
@@ -80,14 +122,18 @@ class LedgerCollector(Collector):
         fams = {
             "queries": counter("prefix_cache_queries", "Prompt tokens looked up in the cache"),
             "hits": counter("prefix_cache_hits", "Prompt tokens found in the cache"),
-            "stale": counter("tracker_stale_entries", "Tracker lookups found stale before use",
-                             ["source"]),
-            "released": counter("tracker_entries_released", "Tracker lookups released",
-                                ["reason"]),
-            "orphans": counter("tracker_orphans", "Tracker entries without a live request "
-                               "(a bug signal: should stay 0)"),
-            "table_orphans": counter("block_table_orphans", "Block tables without a live "
-                                     "request (a bug signal: should stay 0)"),
+            "stale": counter(
+                "tracker_stale_entries", "Tracker lookups found stale before use", ["source"]
+            ),
+            "released": counter("tracker_entries_released", "Tracker lookups released", ["reason"]),
+            "orphans": counter(
+                "tracker_orphans",
+                "Tracker entries without a live request (a bug signal: should stay 0)",
+            ),
+            "table_orphans": counter(
+                "block_table_orphans",
+                "Block tables without a live request (a bug signal: should stay 0)",
+            ),
             "evictions": counter("kv_block_evictions", "Cached blocks evicted for reuse"),
             "preemptions": counter("num_preemptions", "Requests preempted for recompute"),
             "entries": gauge("tracker_entries", "Live tracker entries"),

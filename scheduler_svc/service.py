@@ -22,9 +22,9 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    async def Generate(self, request: frontend_pb2.GenerateRequest,
-                       context: grpc.aio.ServicerContext
-                       ) -> AsyncIterator[frontend_pb2.GenerateResponse]:
+    async def Generate(
+        self, request: frontend_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[frontend_pb2.GenerateResponse]:
         live = await self._submit(context, self.engine.submit_generate, request)
         try:
             while True:
@@ -45,17 +45,24 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
             if not live.done:
                 self.engine.abort(live.request_id)
 
-    async def Embed(self, request: frontend_pb2.EmbedRequest,
-                    context: grpc.aio.ServicerContext) -> frontend_pb2.EmbedResponse:
-        params = worker_pb2.EmbedParams(normalize=request.normalize,
-                                        dimensions=request.dimensions)
+    async def Embed(
+        self, request: frontend_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+    ) -> frontend_pb2.EmbedResponse:
+        params = worker_pb2.EmbedParams(normalize=request.normalize, dimensions=request.dimensions)
         base = request.request_id or uuid.uuid4().hex
         lives: list[LiveRequest] = []
         try:
             for i, item in enumerate(request.inputs):
-                lives.append(await self._submit(context, self.engine.submit_embed,
-                                                f"{base}-{i}", request.model, list(item.ids),
-                                                params))
+                lives.append(
+                    await self._submit(
+                        context,
+                        self.engine.submit_embed,
+                        f"{base}-{i}",
+                        request.model,
+                        list(item.ids),
+                        params,
+                    )
+                )
             response = frontend_pb2.EmbedResponse()
             for live in lives:
                 item = await live.updates.get()
@@ -63,9 +70,11 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
                     await context.abort(item.code, item.message)
                 update = item.update
                 if update.finish_reason != FinishReason.STOP or live.embedding is None:
-                    code = (grpc.StatusCode.INVALID_ARGUMENT
-                            if update.finish_reason == FinishReason.IGNORED
-                            else grpc.StatusCode.INTERNAL)
+                    code = (
+                        grpc.StatusCode.INVALID_ARGUMENT
+                        if update.finish_reason == FinishReason.IGNORED
+                        else grpc.StatusCode.INTERNAL
+                    )
                     await context.abort(code, update.finish_message or "embedding failed")
                 response.embeddings.add(values=live.embedding)
                 response.num_prompt_tokens += len(live.core.prompt_token_ids)
@@ -75,17 +84,19 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
                 if not live.done:
                     self.engine.abort(live.request_id)
 
-    async def Abort(self, request: frontend_pb2.AbortRequest,
-                    context: grpc.aio.ServicerContext) -> frontend_pb2.AbortResponse:
+    async def Abort(
+        self, request: frontend_pb2.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> frontend_pb2.AbortResponse:
         return frontend_pb2.AbortResponse(aborted=self.engine.abort(request.request_id))
 
-    async def ListModels(self, request: frontend_pb2.ListModelsRequest,
-                         context: grpc.aio.ServicerContext) -> frontend_pb2.ListModelsResponse:
+    async def ListModels(
+        self, request: frontend_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> frontend_pb2.ListModelsResponse:
         return frontend_pb2.ListModelsResponse(models=self.engine.models())
 
-    async def ResetPrefixCache(self, request: frontend_pb2.ResetPrefixCacheRequest,
-                               context: grpc.aio.ServicerContext
-                               ) -> frontend_pb2.ResetPrefixCacheResponse:
+    async def ResetPrefixCache(
+        self, request: frontend_pb2.ResetPrefixCacheRequest, context: grpc.aio.ServicerContext
+    ) -> frontend_pb2.ResetPrefixCacheResponse:
         return frontend_pb2.ResetPrefixCacheResponse(reset=self.engine.reset_prefix_cache())
 
     @staticmethod
@@ -102,13 +113,17 @@ class WorkerLinkServicer(worker_pb2_grpc.WorkerLinkServicer):
         self.engine = engine
         self.auth_token = auth_token
 
-    async def Connect(self, request_iterator: AsyncIterator[worker_pb2.WorkerMessage],
-                      context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.Plan]:
+    async def Connect(
+        self,
+        request_iterator: AsyncIterator[worker_pb2.WorkerMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[worker_pb2.Plan]:
         messages = request_iterator.__aiter__()
         first = await messages.__anext__()
         if first.WhichOneof("kind") != "registration":
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                "the first message must be a registration")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, "the first message must be a registration"
+            )
         reg = first.registration
         if self.auth_token and reg.auth_token != self.auth_token:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad worker auth token")
@@ -121,8 +136,9 @@ class WorkerLinkServicer(worker_pb2_grpc.WorkerLinkServicer):
         try:
             async for message in messages:
                 if message.WhichOneof("kind") != "result":
-                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                        "expected a step result")
+                    await context.abort(
+                        grpc.StatusCode.FAILED_PRECONDITION, "expected a step result"
+                    )
                 link.apply_result(message.result)
                 yield await link.next_plan()
         except LinkClosed:

@@ -26,9 +26,13 @@ def read_api_keys(args: argparse.Namespace) -> list[str]:
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     limits = Limits(**{name: getattr(args, name) for name in Limits.__dataclass_fields__})
-    return Settings(scheduler=args.scheduler, api_keys=read_api_keys(args),
-                    require_models=args.require_model, metrics_public=args.metrics_public,
-                    limits=limits)
+    return Settings(
+        scheduler=args.scheduler,
+        api_keys=read_api_keys(args),
+        require_models=args.require_model,
+        metrics_public=args.metrics_public,
+        limits=limits,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -36,8 +40,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse(FRONTEND, argv, "kvledger frontend: OpenAI-compatible HTTP API")
     setup_logging("frontend", args.log_level)
     app = build_app(settings_from_args(args))
-    uvicorn.run(app, host=args.host, port=args.port, log_config=None,
-                log_level=args.log_level, timeout_graceful_shutdown=3)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_config=None,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=3,
+    )
 
 
 if __name__ == "__main__":

@@ -64,8 +64,12 @@ def _tenant_salt(tenant: str, cache_salt: str | None) -> str:
 def build_app(settings: Settings) -> FastAPI:
     client_box: dict[str, SchedulerClient] = {}
     registry = CollectorRegistry()
-    http_requests = Counter("kvledger_http_requests_total", "HTTP requests by route and status",
-                            ["route", "status"], registry=registry)
+    http_requests = Counter(
+        "kvledger_http_requests_total",
+        "HTTP requests by route and status",
+        ["route", "status"],
+        registry=registry,
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -89,8 +93,7 @@ def build_app(settings: Settings) -> FastAPI:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() == "bearer":
-            matches = [hmac.compare_digest(token.encode(), k.encode())
-                       for k in settings.api_keys]
+            matches = [hmac.compare_digest(token.encode(), k.encode()) for k in settings.api_keys]
             if any(matches):
                 return hashlib.sha256(token.encode()).hexdigest()[:16]
         raise APIError(401, "Incorrect or missing API key.", code="invalid_api_key")
@@ -111,7 +114,8 @@ def build_app(settings: Settings) -> FastAPI:
                 models = {}
             ok = bool(models) and all(
                 name in models and models[name].info.num_workers > 0
-                for name in settings.require_models)
+                for name in settings.require_models
+            )
         return Response(status_code=200 if ok else 503)
 
     @app.get("/version")
@@ -130,9 +134,19 @@ def build_app(settings: Settings) -> FastAPI:
             models = await client().models(refresh=True)
         except grpc.aio.AioRpcError as err:
             raise from_grpc(err) from None
-        return {"object": "list", "data": [
-            {"id": m.name, "object": "model", "created": 0, "owned_by": "kvledger",
-             "max_model_len": m.info.max_model_len} for m in models.values()]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": m.name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "kvledger",
+                    "max_model_len": m.info.max_model_len,
+                }
+                for m in models.values()
+            ],
+        }
 
     @app.post("/tokenize", dependencies=[Depends(tenant)])
     async def tokenize(body: TokenizeRequest) -> dict:
@@ -145,57 +159,87 @@ def build_app(settings: Settings) -> FastAPI:
         model = await model_for(body.model)
         vocab = model.info.vocab_size
         if any(t >= vocab for t in body.tokens):
-            raise APIError(400, f"token ids must be below the vocabulary size {vocab}",
-                           param="tokens")
+            raise APIError(
+                400, f"token ids must be below the vocabulary size {vocab}", param="tokens"
+            )
         return {"prompt": model.tokenizer.decode(body.tokens)}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request,
-                          who: str = Depends(tenant)) -> Response:
+    async def completions(
+        body: CompletionRequest, request: Request, who: str = Depends(tenant)
+    ) -> Response:
         model = await model_for(body.model)
-        completion = build_completion(body, model, _tenant_salt(who, body.cache_salt),
-                                      settings.limits)
-        events = merged([run_choice(client().stub, completion, c) for c in completion.choices],
-                        completion.choices)
+        completion = build_completion(
+            body, model, _tenant_salt(who, body.cache_salt), settings.limits
+        )
+        events = merged(
+            [run_choice(client().stub, completion, c) for c in completion.choices],
+            completion.choices,
+        )
         if body.stream:
             return await _streaming_response(request, completion, events)
         await _until_disconnect(request, _drain(events))
         return JSONResponse(_completion_body(completion))
 
     @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest, request: Request,
-                         who: str = Depends(tenant)) -> dict:
+    async def embeddings(
+        body: EmbeddingRequest, request: Request, who: str = Depends(tenant)
+    ) -> dict:
         del who
         model = await model_for(body.model)  # decoders embed too (last-token pooling)
         inputs = tokenize_prompts(CompletionRequest(model=body.model, prompt=body.input), model)
         width = model.info.embedding_size
         if body.dimensions is not None and width and body.dimensions > width:
-            raise APIError(400, f"dimensions must be at most {width} for model `{model.name}`",
-                           param="dimensions")
+            raise APIError(
+                400,
+                f"dimensions must be at most {width} for model `{model.name}`",
+                param="dimensions",
+            )
         if len(inputs) > settings.limits.max_embedding_inputs:
-            raise APIError(400, f"at most {settings.limits.max_embedding_inputs} inputs per "
-                           "request", param="input")
+            raise APIError(
+                400,
+                f"at most {settings.limits.max_embedding_inputs} inputs per request",
+                param="input",
+            )
         too_long = next((len(i) for i in inputs if len(i) > model.info.max_model_len), None)
         if too_long is not None:
-            raise APIError(400, f"This model's maximum context length is "
-                           f"{model.info.max_model_len} tokens. However, you requested "
-                           f"{too_long} tokens in the input for embedding generation. Please "
-                           "reduce the length of the input.", param="input",
-                           code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"This model's maximum context length is "
+                f"{model.info.max_model_len} tokens. However, you requested "
+                f"{too_long} tokens in the input for embedding generation. Please "
+                "reduce the length of the input.",
+                param="input",
+                code="context_length_exceeded",
+            )
         req = frontend_pb2.EmbedRequest(
-            request_id=f"embd-{uuid.uuid4().hex}", model=model.name, normalize=True,
+            request_id=f"embd-{uuid.uuid4().hex}",
+            model=model.name,
+            normalize=True,
             dimensions=body.dimensions or 0,
-            inputs=[frontend_pb2.TokenIds(ids=ids) for ids in inputs])
+            inputs=[frontend_pb2.TokenIds(ids=ids) for ids in inputs],
+        )
         try:
             reply = await _until_disconnect(request, client().stub.Embed(req))
         except grpc.aio.AioRpcError as err:
             raise from_grpc(err) from None
-        data = [{"object": "embedding", "index": i,
-                 "embedding": _encode_embedding(list(e.values), body.encoding_format)}
-                for i, e in enumerate(reply.embeddings)]
-        return {"object": "list", "data": data, "model": model.name,
-                "usage": {"prompt_tokens": reply.num_prompt_tokens,
-                          "total_tokens": reply.num_prompt_tokens}}
+        data = [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": _encode_embedding(list(e.values), body.encoding_format),
+            }
+            for i, e in enumerate(reply.embeddings)
+        ]
+        return {
+            "object": "list",
+            "data": data,
+            "model": model.name,
+            "usage": {
+                "prompt_tokens": reply.num_prompt_tokens,
+                "total_tokens": reply.num_prompt_tokens,
+            },
+        }
 
     return app
 
@@ -257,15 +301,28 @@ def _choice_body(index: int, text: str, finish: str | None, logprobs: dict | Non
 
 
 def _completion_body(completion: Completion) -> dict:
-    choices = [_choice_body(c.index, echo_prefix(completion, c) + c.text, c.finish_reason,
-                            c.logprobs.body() if c.logprobs is not None else None)
-               for c in completion.choices]
-    return {"id": completion.id, "object": "text_completion", "created": completion.created,
-            "model": completion.model.name, "choices": choices, "usage": completion.usage()}
+    choices = [
+        _choice_body(
+            c.index,
+            echo_prefix(completion, c) + c.text,
+            c.finish_reason,
+            c.logprobs.body() if c.logprobs is not None else None,
+        )
+        for c in completion.choices
+    ]
+    return {
+        "id": completion.id,
+        "object": "text_completion",
+        "created": completion.created,
+        "model": completion.model.name,
+        "choices": choices,
+        "usage": completion.usage(),
+    }
 
 
-async def _streaming_response(request: Request, completion: Completion,
-                              events: AsyncIterator) -> Response:
+async def _streaming_response(
+    request: Request, completion: Completion, events: AsyncIterator
+) -> Response:
     # Wait for the first event so that errors (bad prompt, no worker) still get a status code,
     # while noticing a client that leaves before it (queued, or in a long prefill).
     try:
@@ -275,13 +332,19 @@ async def _streaming_response(request: Request, completion: Completion,
     except BaseException:
         await events.aclose()
         raise
-    include_usage = bool(completion.body.stream_options and
-                         completion.body.stream_options.include_usage)
+    include_usage = bool(
+        completion.body.stream_options and completion.body.stream_options.include_usage
+    )
     holdback = max(completion.max_stop_len - 1, 0)
 
     def chunk(choices: list[dict], usage: dict | None = None) -> str:
-        body = {"id": completion.id, "object": "text_completion", "created": completion.created,
-                "model": completion.model.name, "choices": choices}
+        body = {
+            "id": completion.id,
+            "object": "text_completion",
+            "created": completion.created,
+            "model": completion.model.name,
+            "choices": choices,
+        }
         if include_usage:
             body["usage"] = usage
         return f"data: {json.dumps(body)}\n\n"
@@ -318,6 +381,6 @@ async def _streaming_response(request: Request, completion: Completion,
             await events.aclose()
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(sse(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
-
+    return StreamingResponse(
+        sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )

@@ -57,8 +57,9 @@ class SchedulerClient:
         async with self._lock:
             if refresh or time.monotonic() - self._fetched_at > CATALOG_TTL_SECONDS:
                 reply = await self.stub.ListModels(frontend_pb2.ListModelsRequest(), timeout=5.0)
-                self._models = {m.name: ServedModel(m, self._tokenizer(m.model_path))
-                                for m in reply.models}
+                self._models = {
+                    m.name: ServedModel(m, self._tokenizer(m.model_path)) for m in reply.models
+                }
                 self._fetched_at = time.monotonic()
             return self._models
 
@@ -69,8 +70,9 @@ class SchedulerClient:
         if name not in models and name in self.required_models:
             raise APIError(503, f"no worker for model `{name}` is up", param="model")
         if name not in models:
-            raise APIError(404, f"The model `{name}` does not exist.", param="model",
-                           code="model_not_found")
+            raise APIError(
+                404, f"The model `{name}` does not exist.", param="model", code="model_not_found"
+            )
         return models[name]
 
     def _tokenizer(self, model_path: str) -> Tokenizer:

@@ -30,8 +30,9 @@ class LogprobColumns:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add(self, token: str, logprob: float | None, top: dict[str, float] | None,
-            offset: int) -> None:
+    def add(
+        self, token: str, logprob: float | None, top: dict[str, float] | None, offset: int
+    ) -> None:
         self.tokens.append(token)
         self.token_logprobs.append(logprob)
         self.top_logprobs.append(top)
@@ -42,9 +43,12 @@ class LogprobColumns:
             del column[keep:]
 
     def body(self, start: int = 0, end: int | None = None) -> dict:
-        return {"tokens": self.tokens[start:end], "token_logprobs": self.token_logprobs[start:end],
-                "top_logprobs": self.top_logprobs[start:end],
-                "text_offset": self.text_offset[start:end]}
+        return {
+            "tokens": self.tokens[start:end],
+            "token_logprobs": self.token_logprobs[start:end],
+            "top_logprobs": self.top_logprobs[start:end],
+            "text_offset": self.text_offset[start:end],
+        }
 
 
 @dataclass
@@ -60,8 +64,13 @@ class ChoiceLogprobs:
     sent: int = 0  # output entries already streamed
     prompt_sent: bool = False
 
-    def add(self, token: str, entry: frontend_pb2.TokenLogprob, offset: int,
-            top: dict[str, float] | None) -> None:
+    def add(
+        self,
+        token: str,
+        entry: frontend_pb2.TokenLogprob,
+        offset: int,
+        top: dict[str, float] | None,
+    ) -> None:
         """A generated token whose text starts at `offset` of the generated text."""
         self.output.add(token, _finite(entry.logprob), top, self.echo_length + offset)
 
@@ -154,9 +163,12 @@ class Completion:
         cached = [0] * len(self.prompts)
         for c in self.choices:
             cached[c.prompt_index] = max(cached[c.prompt_index], c.num_cached_tokens)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": sum(cached)}}
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": sum(cached)},
+        }
 
 
 def tokenize_prompts(body: CompletionRequest, model: ServedModel) -> list[list[int]]:
@@ -180,18 +192,21 @@ def tokenize_prompts(body: CompletionRequest, model: ServedModel) -> list[list[i
     return prompts
 
 
-def build_completion(body: CompletionRequest, model: ServedModel, salt: str,
-                     limits: Limits) -> Completion:
+def build_completion(
+    body: CompletionRequest, model: ServedModel, salt: str, limits: Limits
+) -> Completion:
     if model.is_embedding:
         raise APIError(400, f"model `{model.name}` is an embedding model", param="model")
     if body.max_tokens == 0 and not body.echo:
-        raise APIError(400, "max_tokens must be at least 1 (0 only with echo: the prompt alone)",
-                       param="max_tokens")
+        raise APIError(
+            400,
+            "max_tokens must be at least 1 (0 only with echo: the prompt alone)",
+            param="max_tokens",
+        )
     prompts = tokenize_prompts(body, model)
     check_completion(body, limits, len(prompts))
     limit = model.info.max_model_len
-    completion = Completion(id=f"cmpl-{uuid.uuid4().hex}", model=model, body=body,
-                            prompts=prompts)
+    completion = Completion(id=f"cmpl-{uuid.uuid4().hex}", model=model, body=body, prompts=prompts)
     if body.echo:
         completion.echoes = [echo_of(model.tokenizer, p) for p in prompts]
     for p_index, prompt in enumerate(prompts):
@@ -200,14 +215,19 @@ def build_completion(body: CompletionRequest, model: ServedModel, salt: str,
         max_tokens = max(max_tokens, 1)
         if len(prompt) + max_tokens > limit:
             raise APIError(
-                400, f"This model's maximum context length is {limit} tokens. However, you "
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you "
                 f"requested {len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, "
                 f"{max_tokens} in the completion). Please reduce the length of the messages or "
-                "completion.", param="messages", code="context_length_exceeded")
+                "completion.",
+                param="messages",
+                code="context_length_exceeded",
+            )
         for n in range(body.n):
             index = len(completion.choices)
-            request = _generate_request(body, model, prompt, max_tokens, salt,
-                                        f"{completion.id}-{index}")
+            request = _generate_request(
+                body, model, prompt, max_tokens, salt, f"{completion.id}-{index}"
+            )
             detok = IncrementalDetokenizer(model.tokenizer, prompt, body.skip_special_tokens)
             choice = Choice(index, p_index, request, detok, echo_only=body.max_tokens == 0)
             if body.logprobs is not None:
@@ -220,9 +240,14 @@ def build_completion(body: CompletionRequest, model: ServedModel, salt: str,
     return completion
 
 
-def _generate_request(body: CompletionRequest, model: ServedModel, prompt: list[int],
-                      max_tokens: int, salt: str, request_id: str
-                      ) -> frontend_pb2.GenerateRequest:
+def _generate_request(
+    body: CompletionRequest,
+    model: ServedModel,
+    prompt: list[int],
+    max_tokens: int,
+    salt: str,
+    request_id: str,
+) -> frontend_pb2.GenerateRequest:
     temperature = 1.0 if body.temperature is None else body.temperature
     sampling = frontend_pb2.SamplingParams(
         temperature=temperature,
@@ -239,16 +264,27 @@ def _generate_request(body: CompletionRequest, model: ServedModel, prompt: list[
     scores_prompt = body.echo and body.logprobs is not None
     if scores_prompt:
         sampling.prompt_logprobs = body.logprobs
-    stop = frontend_pb2.StopCriteria(max_tokens=max_tokens,
-                                     stop_token_ids=body.stop_token_ids or [],
-                                     ignore_eos=body.ignore_eos, min_tokens=body.min_tokens)
+    stop = frontend_pb2.StopCriteria(
+        max_tokens=max_tokens,
+        stop_token_ids=body.stop_token_ids or [],
+        ignore_eos=body.ignore_eos,
+        min_tokens=body.min_tokens,
+    )
     return frontend_pb2.GenerateRequest(
-        request_id=request_id, model=model.name, prompt_token_ids=prompt, sampling=sampling,
-        stop=stop, cache_salt=salt, priority=body.priority, skip_prefix_cache=scores_prompt)
+        request_id=request_id,
+        model=model.name,
+        prompt_token_ids=prompt,
+        sampling=sampling,
+        stop=stop,
+        cache_salt=salt,
+        priority=body.priority,
+        skip_prefix_cache=scores_prompt,
+    )
 
 
-async def run_choice(stub: frontend_pb2_grpc.SchedulerStub, completion: Completion,
-                     choice: Choice) -> AsyncIterator[None]:
+async def run_choice(
+    stub: frontend_pb2_grpc.SchedulerStub, completion: Completion, choice: Choice
+) -> AsyncIterator[None]:
     """Drives one choice; yields each time its text or finish reason changed."""
     stops = completion.body.stop_strings
     call = stub.Generate(choice.request)
@@ -278,8 +314,7 @@ async def run_choice(stub: frontend_pb2_grpc.SchedulerStub, completion: Completi
         call.cancel()  # no-op when finished; aborts the request when we stop early
 
 
-def _push(completion: Completion, choice: Choice,
-          response: frontend_pb2.GenerateResponse) -> None:
+def _push(completion: Completion, choice: Choice, response: frontend_pb2.GenerateResponse) -> None:
     choice.num_tokens += len(response.token_ids)
     if choice.logprobs is not None:
         _push_with_logprobs(completion, choice, response)
@@ -287,19 +322,20 @@ def _push(completion: Completion, choice: Choice,
         choice.text += choice.detokenizer.push(list(response.token_ids))
 
 
-def _push_with_logprobs(completion: Completion, choice: Choice,
-                        response: frontend_pb2.GenerateResponse) -> None:
+def _push_with_logprobs(
+    completion: Completion, choice: Choice, response: frontend_pb2.GenerateResponse
+) -> None:
     """Token by token, so each token's text offset is known."""
     assert choice.logprobs is not None
     for token, entry in zip(response.token_ids, response.logprobs, strict=True):
         offset = len(choice.text)
         choice.text += choice.detokenizer.push([token])
-        choice.logprobs.add(_token_text(completion, token), entry, offset,
-                            _top(completion, entry))
+        choice.logprobs.add(_token_text(completion, token), entry, offset, _top(completion, entry))
 
 
-def _add_prompt_logprobs(completion: Completion, choice: Choice,
-                         entries: Sequence[frontend_pb2.TokenLogprob]) -> None:
+def _add_prompt_logprobs(
+    completion: Completion, choice: Choice, entries: Sequence[frontend_pb2.TokenLogprob]
+) -> None:
     """The echoed prompt's entries, all sent with the first response: the first token has no
     logprob; one the scheduler did not send (a bug signal it logs) shows as null too."""
     assert choice.logprobs is not None
@@ -329,12 +365,13 @@ def _cut_at_stop(choice: Choice, stops: list[str]) -> bool:
     hits = [i for s in stops if (i := choice.text.find(s, window_start)) != -1]
     if not hits:
         return False
-    choice.text = choice.text[:min(hits)]
+    choice.text = choice.text[: min(hits)]
     return True
 
 
-async def merged(streams: list[AsyncIterator[None]],
-                 choices: list[Choice]) -> AsyncIterator[Choice]:
+async def merged(
+    streams: list[AsyncIterator[None]], choices: list[Choice]
+) -> AsyncIterator[Choice]:
     """Runs every choice concurrently; yields the choice that changed, as it changes."""
     queue: asyncio.Queue[tuple[Choice, BaseException | None] | None] = asyncio.Queue()
 
@@ -371,7 +408,7 @@ def stream_text(choice: Choice, holdback: int) -> str:
         end = len(choice.text)
     else:
         end = max(choice.sent, len(choice.text) - holdback)
-    delta = choice.text[choice.sent:end]
+    delta = choice.text[choice.sent : end]
     choice.sent = end
     return delta
 

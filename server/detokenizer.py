@@ -13,8 +13,9 @@ REPLACEMENT = "\ufffd"
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int],
-                 skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True
+    ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.ids = list(prompt_ids[-CONTEXT_TOKENS:])
@@ -34,11 +35,11 @@ class IncrementalDetokenizer:
         return self._advance(final=True)
 
     def _advance(self, final: bool) -> str:
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset:])
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
         if len(full) <= len(prefix) or (full.endswith(REPLACEMENT) and not final):
             return ""
-        delta = full[len(prefix):]
+        delta = full[len(prefix) :]
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)
         return delta

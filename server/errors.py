@@ -10,8 +10,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 RETRY_AFTER_SECONDS = "1"
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
 
 GRPC_TO_HTTP = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -26,8 +32,9 @@ GRPC_TO_HTTP = {
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -35,8 +42,14 @@ class APIError(Exception):
         self.code = code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": _TYPES.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
     def response(self) -> JSONResponse:
         headers = {"Retry-After": RETRY_AFTER_SECONDS} if self.status in (429, 503) else None

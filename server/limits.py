@@ -23,19 +23,24 @@ class Limits:
 
 def check_completion(body: CompletionRequest, limits: Limits, num_prompts: int) -> None:
     if num_prompts > limits.max_prompts_per_request:
-        raise APIError(400, f"at most {limits.max_prompts_per_request} prompts per request",
-                       param="prompt")
+        raise APIError(
+            400, f"at most {limits.max_prompts_per_request} prompts per request", param="prompt"
+        )
     if body.n > limits.max_n:
         raise APIError(400, f"n must be at most {limits.max_n}", param="n")
     if num_prompts * body.n > limits.max_prompts_per_request:
-        raise APIError(400, f"prompts x n must be at most {limits.max_prompts_per_request}",
-                       param="n")
+        raise APIError(
+            400, f"prompts x n must be at most {limits.max_prompts_per_request}", param="n"
+        )
     stops = body.stop_strings
     if len(stops) > limits.max_stop_strings:
         raise APIError(400, f"at most {limits.max_stop_strings} stop strings", param="stop")
     if any(not s or len(s) > limits.max_stop_string_length for s in stops):
-        raise APIError(400, "stop strings must be 1 to "
-                       f"{limits.max_stop_string_length} characters long", param="stop")
+        raise APIError(
+            400,
+            f"stop strings must be 1 to {limits.max_stop_string_length} characters long",
+            param="stop",
+        )
 
 
 class BodySizeLimit:

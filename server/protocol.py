@@ -46,8 +46,14 @@ class CompletionRequest(BaseModel):
     cache_salt: str | None = None
     priority: int = Field(0, ge=-INT32_MAX, le=INT32_MAX)
 
-    @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p",
-                     "repetition_penalty")
+    @field_validator(
+        "temperature",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "min_p",
+        "repetition_penalty",
+    )
     @classmethod
     def _finite(cls, value: float | None) -> float | None:
         if value is not None and not math.isfinite(value):

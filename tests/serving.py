@@ -98,15 +98,31 @@ class Served:
             raise
 
 
-def start_serve(tmp: Path, *extra: str, timeout: float = 240.0,
-                embedding: bool = False, debug_invariants: bool = True) -> Served:
+def start_serve(
+    tmp: Path,
+    *extra: str,
+    timeout: float = 240.0,
+    embedding: bool = False,
+    debug_invariants: bool = True,
+) -> Served:
     """`embedding=False` skips the default embedding worker (faster, for generation tests);
     benchmarks turn the per-step invariant check (O(pool) each step) off."""
     port, grpc_port = free_port(), free_port()
     metrics_port = free_port_run(4)
     log_path = tmp / "serve.log"
-    cmd = [sys.executable, "-m", "kvledger.cli", "serve", "--port", str(port),
-           "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvledger.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(metrics_port),
+        *extra,
+    ]
     if debug_invariants:
         cmd.append("--debug-invariants")
     if not embedding:

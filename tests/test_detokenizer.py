@@ -14,11 +14,14 @@ def tokenizer() -> Tokenizer:
     return Tokenizer.from_file(str(embedding_model_path() / "tokenizer.json"))
 
 
-@pytest.mark.parametrize("text", [
-    "hello world, this is a test of incremental detokenization",
-    "unbelievably long tokenization words split into pieces",
-    "naïve café — 東京 and emoji 🎉 mixed",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "hello world, this is a test of incremental detokenization",
+        "unbelievably long tokenization words split into pieces",
+        "naïve café — 東京 and emoji 🎉 mixed",
+    ],
+)
 def test_pieces_concatenate_to_the_whole(tokenizer, text):
     prompt = tokenizer.encode("the prompt says").ids
     out = tokenizer.encode(text, add_special_tokens=False).ids

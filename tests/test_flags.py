@@ -18,10 +18,23 @@ from kvledger.flags import (
 
 DESIGN_FLAGS = {
     FRONTEND: {"--host", "--port", "--api-key"},
-    SCHEDULER: {"--enable-prefix-caching", "--max-num-seqs", "--max-num-batched-tokens",
-                "--enable-chunked-prefill", "--debug-invariants"},
-    WORKER: {"--model", "--served-model-name", "--block-size", "--max-model-len",
-             "--num-kv-blocks", "--gpu-memory-utilization", "--dtype", "--seed"},
+    SCHEDULER: {
+        "--enable-prefix-caching",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--enable-chunked-prefill",
+        "--debug-invariants",
+    },
+    WORKER: {
+        "--model",
+        "--served-model-name",
+        "--block-size",
+        "--max-model-len",
+        "--num-kv-blocks",
+        "--gpu-memory-utilization",
+        "--dtype",
+        "--seed",
+    },
 }
 
 
@@ -54,10 +67,28 @@ def test_default_ports_match_the_design():
 
 @pytest.mark.parametrize("service", [FRONTEND, SCHEDULER, WORKER])
 def test_serve_hands_each_flag_to_its_service_unchanged(service, monkeypatch):
-    serve_argv = ["--port", "8123", "--api-key", "a", "--api-key", "b",
-                  "--no-enable-prefix-caching", "--max-num-seqs", "5", "--debug-invariants",
-                  "--model", "/m", "--dtype", "bfloat16", "--num-kv-blocks", "99",
-                  "--seed", "3", "--max-model-len", "512"]
+    serve_argv = [
+        "--port",
+        "8123",
+        "--api-key",
+        "a",
+        "--api-key",
+        "b",
+        "--no-enable-prefix-caching",
+        "--max-num-seqs",
+        "5",
+        "--debug-invariants",
+        "--model",
+        "/m",
+        "--dtype",
+        "bfloat16",
+        "--num-kv-blocks",
+        "99",
+        "--seed",
+        "3",
+        "--max-model-len",
+        "512",
+    ]
     serve_args = cli._serve_parser().parse_args(serve_argv + ["--worker-auth-token", "s3"])
     argv = to_argv(serve_args, service)
     assert "a" not in argv and "s3" not in argv, "secrets never go on a command line"

@@ -16,7 +16,10 @@ def test_keys_come_from_flags_and_a_keys_file(tmp_path, monkeypatch):
 
 
 def test_limits_follow_their_flags():
-    args = parse(FRONTEND, ["--max-n", "3", "--max-stop-strings", "2",
-                            "--max-request-body-bytes", "1000"], "t")
+    args = parse(
+        FRONTEND,
+        ["--max-n", "3", "--max-stop-strings", "2", "--max-request-body-bytes", "1000"],
+        "t",
+    )
     limits = settings_from_args(args).limits
     assert (limits.max_n, limits.max_stop_strings, limits.max_request_body_bytes) == (3, 2, 1000)

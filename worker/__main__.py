@@ -36,23 +36,47 @@ def main(argv: Sequence[str] | None = None) -> None:
     kv_bytes = args.kv_cache_memory_bytes
     if kv_bytes is None and not args.device.startswith("cuda"):
         kv_bytes = CPU_KV_CACHE_BYTES
-    runner = load_runner(model_path, block_size=args.block_size, num_blocks=args.num_kv_blocks,
-                         kv_cache_memory_bytes=kv_bytes,
-                         gpu_memory_utilization=args.gpu_memory_utilization, dtype=args.dtype,
-                         device=args.device, max_model_len=args.max_model_len, seed=args.seed,
-                         attention_backend=args.attention_backend)
-    kind = (frontend_pb2.MODEL_KIND_EMBED if runner.kind == "embed"
-            else frontend_pb2.MODEL_KIND_GENERATE)
+    runner = load_runner(
+        model_path,
+        block_size=args.block_size,
+        num_blocks=args.num_kv_blocks,
+        kv_cache_memory_bytes=kv_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        dtype=args.dtype,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+        attention_backend=args.attention_backend,
+    )
+    kind = (
+        frontend_pb2.MODEL_KIND_EMBED
+        if runner.kind == "embed"
+        else frontend_pb2.MODEL_KIND_GENERATE
+    )
     registration = worker_pb2.Registration(
-        worker_id=worker_id, model_name=name, model_path=str(model_path),
-        kind=kind, block_size=runner.block_size,
-        num_blocks=runner.num_blocks, max_model_len=runner.max_model_len,
-        vocab_size=runner.vocab_size, eos_token_ids=runner.eos_token_ids,
-        auth_token=args.worker_auth_token, embedding_size=runner.embedding_size)
+        worker_id=worker_id,
+        model_name=name,
+        model_path=str(model_path),
+        kind=kind,
+        block_size=runner.block_size,
+        num_blocks=runner.num_blocks,
+        max_model_len=runner.max_model_len,
+        vocab_size=runner.vocab_size,
+        eos_token_ids=runner.eos_token_ids,
+        auth_token=args.worker_auth_token,
+        embedding_size=runner.embedding_size,
+    )
     metrics = WorkerMetrics(name, worker_id)
     start_http_server(args.metrics_port, registry=metrics.registry)
-    log.info("worker %s: model %s (%s), %d KV blocks of %d tokens, metrics on :%d", worker_id,
-             name, model_path, runner.num_blocks, runner.block_size, args.metrics_port)
+    log.info(
+        "worker %s: model %s (%s), %d KV blocks of %d tokens, metrics on :%d",
+        worker_id,
+        name,
+        model_path,
+        runner.num_blocks,
+        runner.block_size,
+        args.metrics_port,
+    )
     client = WorkerLinkClient(args.scheduler, registration, Executor(runner), metrics)
     client.run_forever()
 

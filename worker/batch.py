@@ -75,8 +75,12 @@ class StepBatch:
         return int(self.input_ids.numel())
 
 
-def prepare_batch(chunks: list[SeqChunk], limits: BatchLimits, device: torch.device,
-                  sliding_window: int | None = None) -> StepBatch:
+def prepare_batch(
+    chunks: list[SeqChunk],
+    limits: BatchLimits,
+    device: torch.device,
+    sliding_window: int | None = None,
+) -> StepBatch:
     """Flatten the chunks; a bad chunk raises ValueError naming its request, before any compute."""
     bs = limits.block_size
     ids: list[int] = []
@@ -134,22 +138,26 @@ def _check(chunk: SeqChunk, limits: BatchLimits) -> list[int]:
     if chunk.start_pos < 0:
         raise ValueError(f"{who}: negative start_pos {chunk.start_pos}")
     if chunk.end_pos > limits.max_model_len:
-        raise ValueError(f"{who}: {chunk.end_pos} tokens exceed max_model_len "
-                         f"{limits.max_model_len}")
+        raise ValueError(
+            f"{who}: {chunk.end_pos} tokens exceed max_model_len {limits.max_model_len}"
+        )
     if min(chunk.token_ids) < 0 or max(chunk.token_ids) >= limits.vocab_size:
         raise ValueError(f"{who}: token id outside the vocabulary [0, {limits.vocab_size})")
     needed = -(-chunk.end_pos // limits.block_size)
     if len(chunk.block_table) < needed:
-        raise ValueError(f"{who}: block table of {len(chunk.block_table)} blocks cannot hold "
-                         f"{chunk.end_pos} tokens")
+        raise ValueError(
+            f"{who}: block table of {len(chunk.block_table)} blocks cannot hold "
+            f"{chunk.end_pos} tokens"
+        )
     table = list(chunk.block_table[:needed])
     if min(table) < 0 or max(table) >= limits.num_blocks:
         raise ValueError(f"{who}: block id outside [0, {limits.num_blocks})")
     if chunk.sample:
         _check_sampling(chunk, who)
     if chunk.prompt_logprobs > MAX_LOGPROBS:
-        raise ValueError(f"{who}: at most {MAX_LOGPROBS} prompt logprobs, got "
-                         f"{chunk.prompt_logprobs}")
+        raise ValueError(
+            f"{who}: at most {MAX_LOGPROBS} prompt logprobs, got {chunk.prompt_logprobs}"
+        )
     if chunk.num_prompt_scored and len(chunk.all_token_ids) < chunk.num_prompt_tokens:
         raise ValueError(f"{who}: prompt logprobs need the whole prompt")
     return table

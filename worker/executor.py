@@ -71,7 +71,8 @@ class Executor:
         self.kind: str = getattr(runner, "kind", "generate")
         self.limits: BatchLimits | None = getattr(runner, "limits", None)
         self.embed_fn: Callable[[list[EmbedItem]], list[list[float]]] | None = getattr(
-            runner, "embed", None)
+            runner, "embed", None
+        )
         self.embedding_size: int = getattr(runner, "embedding_size", 0)
         self.seqs: dict[str, SeqState] = {}
         # block id -> hash of the content this worker wrote there, as the scheduler declared it
@@ -116,8 +117,9 @@ class Executor:
             self._forget(new.block_ids)
         return result
 
-    def _admit(self, new: worker_pb2.NewRequest, state: StepState,
-               result: worker_pb2.StepResult) -> SeqState | None:
+    def _admit(
+        self, new: worker_pb2.NewRequest, state: StepState, result: worker_pb2.StepResult
+    ) -> SeqState | None:
         mismatched: list[int] = []
         writers: set[str] = set()
         for claim in new.claimed:
@@ -131,8 +133,11 @@ class Executor:
                 mismatched.append(claim.block_id)
         if mismatched:
             # A stale entry caught across the process boundary: never read it.
-            log.warning("request %s claims blocks %s whose content differs; refusing them",
-                        new.request_id, mismatched)
+            log.warning(
+                "request %s claims blocks %s whose content differs; refusing them",
+                new.request_id,
+                mismatched,
+            )
             self._refuse(new.request_id, mismatched, state, result)
             return None
         if writers:
@@ -151,8 +156,9 @@ class Executor:
         self.seqs[seq.request_id] = seq
         return seq
 
-    def _refuse(self, request_id: str, block_ids: list[int], state: StepState,
-                result: worker_pb2.StepResult) -> None:
+    def _refuse(
+        self, request_id: str, block_ids: list[int], state: StepState, result: worker_pb2.StepResult
+    ) -> None:
         """Report the request stale (the scheduler recomputes it) and its blocks removed."""
         for block_id in block_ids:
             self.provenance.pop(block_id, None)
@@ -166,9 +172,11 @@ class Executor:
     def _continue(self, cont: worker_pb2.ContinueRequest) -> SeqState:
         seq = self.seqs[cont.request_id]
         if seq.num_computed_tokens != cont.num_computed_tokens:
-            raise RuntimeError(f"request {cont.request_id}: worker computed "
-                               f"{seq.num_computed_tokens} tokens, plan says "
-                               f"{cont.num_computed_tokens}")
+            raise RuntimeError(
+                f"request {cont.request_id}: worker computed "
+                f"{seq.num_computed_tokens} tokens, plan says "
+                f"{cont.num_computed_tokens}"
+            )
         self._forget(cont.new_block_ids)
         seq.block_table.extend(cont.new_block_ids)
         return seq
@@ -178,8 +186,9 @@ class Executor:
         for block_id in block_ids:
             self.provenance.pop(block_id, None)
 
-    def _run(self, scheduled: list[tuple[SeqState, int]], state: StepState,
-             result: worker_pb2.StepResult) -> None:
+    def _run(
+        self, scheduled: list[tuple[SeqState, int]], state: StepState, result: worker_pb2.StepResult
+    ) -> None:
         chunks: list[SeqChunk] = []
         items: list[EmbedItem] = []
         for seq, count in scheduled:
@@ -205,8 +214,9 @@ class Executor:
         start = seq.num_computed_tokens
         end = start + count
         if end > len(seq.token_ids):
-            return None, (f"the plan schedules tokens up to {end}, the request has "
-                          f"{len(seq.token_ids)}")
+            return None, (
+                f"the plan schedules tokens up to {end}, the request has {len(seq.token_ids)}"
+            )
         sp = seq.sampling
         chunk = SeqChunk(
             request_id=seq.request_id,
@@ -236,30 +246,36 @@ class Executor:
         if seq.num_computed_tokens + count != len(seq.token_ids):
             return None, "an embedding request must be scheduled whole, in one step"
         assert seq.embed is not None
-        item = EmbedItem(seq.request_id, seq.token_ids, seq.embed.normalize,
-                         seq.embed.dimensions)
-        error = check_item(item, self.limits.vocab_size, self.limits.max_model_len,
-                           self.embedding_size)
+        item = EmbedItem(seq.request_id, seq.token_ids, seq.embed.normalize, seq.embed.dimensions)
+        error = check_item(
+            item, self.limits.vocab_size, self.limits.max_model_len, self.embedding_size
+        )
         return (None, error) if error else (item, None)
 
-    def _drop_unwritten_readers(self, chunks: list[SeqChunk], state: StepState,
-                                result: worker_pb2.StepResult) -> list[SeqChunk]:
+    def _drop_unwritten_readers(
+        self, chunks: list[SeqChunk], state: StepState, result: worker_pb2.StepResult
+    ) -> list[SeqChunk]:
         """A request reading blocks that a failed request of this step was to write is refused
         (recomputed later), and so, in turn, is any request reading its writes."""
         while True:
-            blocked = [c for c in chunks
-                       if state.reads_from.get(c.request_id, set()) & state.failed]
+            blocked = [
+                c for c in chunks if state.reads_from.get(c.request_id, set()) & state.failed
+            ]
             if not blocked:
                 return chunks
             for chunk in blocked:
                 writers = state.reads_from[chunk.request_id]
-                blocks = [b for b, (_, w) in state.pending.items() if w in writers
-                          and b in chunk.block_table]
+                blocks = [
+                    b
+                    for b, (_, w) in state.pending.items()
+                    if w in writers and b in chunk.block_table
+                ]
                 self._refuse(chunk.request_id, blocks, state, result)
             chunks = [c for c in chunks if c.request_id not in state.failed]
 
-    def _generate(self, chunks: list[SeqChunk], state: StepState,
-                  result: worker_pb2.StepResult) -> None:
+    def _generate(
+        self, chunks: list[SeqChunk], state: StepState, result: worker_pb2.StepResult
+    ) -> None:
         outputs = self.runner.execute(chunks)
         for chunk, out in zip(chunks, outputs, strict=True):
             sample = Sample(out) if isinstance(out, int) else out
@@ -276,28 +292,32 @@ class Executor:
                 seq.token_ids.append(sample.token_id)
                 _add_sampled(result, seq.request_id, sample)
 
-    def _embed(self, items: list[EmbedItem], state: StepState,
-               result: worker_pb2.StepResult) -> None:
+    def _embed(
+        self, items: list[EmbedItem], state: StepState, result: worker_pb2.StepResult
+    ) -> None:
         assert self.embed_fn is not None
         vectors = self.embed_fn(items)
         for item, vector in zip(items, vectors, strict=True):
             state.no_kv.add(item.request_id)
             if not all(map(math.isfinite, vector)):
-                self._fail(item.request_id, "the model produced a NaN or infinite embedding",
-                           state, result)
+                self._fail(
+                    item.request_id, "the model produced a NaN or infinite embedding", state, result
+                )
                 continue
             result.embeddings.add(request_id=item.request_id, values=vector)
             self.seqs.pop(item.request_id, None)  # done in one step
 
-    def _fail(self, request_id: str, message: str, state: StepState,
-              result: worker_pb2.StepResult) -> None:
+    def _fail(
+        self, request_id: str, message: str, state: StepState, result: worker_pb2.StepResult
+    ) -> None:
         log.warning("request %s failed: %s", request_id, message)
         result.errors.add(request_id=request_id, message=message)
         state.failed.add(request_id)
         self.seqs.pop(request_id, None)
 
-    def _record(self, plan: worker_pb2.Plan, state: StepState,
-                result: worker_pb2.StepResult) -> None:
+    def _record(
+        self, plan: worker_pb2.Plan, state: StepState, result: worker_pb2.StepResult
+    ) -> None:
         """Provenance of the blocks really written; declared blocks that were not are dropped."""
         written: list[worker_pb2.BlockHash] = []
         for item in (*plan.new_requests, *plan.continuing):
@@ -330,8 +350,9 @@ def _add_sampled(result: worker_pb2.StepResult, request_id: str, sample: Sample)
         _fill_logprob(sampled.logprob, sample.token_id, sample.logprobs)
 
 
-def _add_prompt_logprobs(result: worker_pb2.StepResult, request_id: str,
-                         prompt: PromptLogprobs) -> None:
+def _add_prompt_logprobs(
+    result: worker_pb2.StepResult, request_id: str, prompt: PromptLogprobs
+) -> None:
     msg = result.prompt_logprobs.add(request_id=request_id, start=prompt.start)
     for token_id, lp in zip(prompt.token_ids, prompt.entries, strict=True):
         _fill_logprob(msg.entries.add(), token_id, lp)

@@ -25,8 +25,10 @@ class KVShape:
     def blocks_for_budget(self, budget_bytes: int) -> int:
         num_blocks = budget_bytes // self.bytes_per_block()
         if num_blocks < 1:
-            raise ValueError(f"a KV budget of {budget_bytes} bytes holds no block of "
-                             f"{self.bytes_per_block()} bytes")
+            raise ValueError(
+                f"a KV budget of {budget_bytes} bytes holds no block of "
+                f"{self.bytes_per_block()} bytes"
+            )
         return num_blocks
 
 
@@ -40,10 +42,22 @@ class KVCache:
     @classmethod
     def allocate(cls, shape: KVShape, num_blocks: int, device: torch.device) -> KVCache:
         # Zeroed, not empty: padded reads are masked, but 0 * NaN from garbage memory is NaN.
-        data = torch.zeros(2, shape.num_layers, num_blocks, shape.block_size,
-                           shape.num_kv_heads, shape.head_dim, dtype=shape.dtype, device=device)
-        return cls(k=list(data[0].unbind(0)), v=list(data[1].unbind(0)),
-                   num_blocks=num_blocks, block_size=shape.block_size)
+        data = torch.zeros(
+            2,
+            shape.num_layers,
+            num_blocks,
+            shape.block_size,
+            shape.num_kv_heads,
+            shape.head_dim,
+            dtype=shape.dtype,
+            device=device,
+        )
+        return cls(
+            k=list(data[0].unbind(0)),
+            v=list(data[1].unbind(0)),
+            num_blocks=num_blocks,
+            block_size=shape.block_size,
+        )
 
     def clear(self) -> None:
         for tensor in (*self.k, *self.v):

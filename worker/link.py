@@ -19,8 +19,13 @@ log = logging.getLogger(__name__)
 
 
 class WorkerLinkClient:
-    def __init__(self, target: str, registration: worker_pb2.Registration, executor: Executor,
-                 metrics: WorkerMetrics) -> None:
+    def __init__(
+        self,
+        target: str,
+        registration: worker_pb2.Registration,
+        executor: Executor,
+        metrics: WorkerMetrics,
+    ) -> None:
         self.target = target
         self.registration = registration
         self.executor = executor
@@ -42,9 +47,11 @@ class WorkerLinkClient:
             try:
                 self._serve_once()
             except grpc.RpcError as err:
-                if err.code() in (grpc.StatusCode.UNAUTHENTICATED,
-                                  grpc.StatusCode.ALREADY_EXISTS,
-                                  grpc.StatusCode.FAILED_PRECONDITION):
+                if err.code() in (
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                ):
                     raise SystemExit(f"scheduler refused this worker: {err.details()}") from err
                 log.warning("link to scheduler %s lost: %s", self.target, err.code().name)
             if time.monotonic() - started > 10:
@@ -81,8 +88,9 @@ class WorkerLinkClient:
                 for plan in self._call:
                     stale_before = self.executor.counters.stale_block_hits
                     result = self._step(plan)
-                    self.metrics.observe(result,
-                                         self.executor.counters.stale_block_hits - stale_before)
+                    self.metrics.observe(
+                        result, self.executor.counters.stale_block_hits - stale_before
+                    )
                     outbox.put(worker_pb2.WorkerMessage(result=result))
             finally:
                 self._call = None

@@ -6,8 +6,22 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from protos import worker_pb2
 
-STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56,
-                5.12, 10.24)
+STEP_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+)
 
 
 class WorkerMetrics:
@@ -15,14 +29,25 @@ class WorkerMetrics:
         self.registry = CollectorRegistry()
         labels = ["model", "worker"]
         self._lv = (model, worker_id)
-        self.step_seconds = Histogram("kvledger_worker_step_seconds", "One forward step", labels,
-                                      buckets=STEP_BUCKETS, registry=self.registry)
-        self.kv_events = Counter("kvledger_worker_kv_events_total",
-                                 "KV events reported to the scheduler", labels + ["type"],
-                                 registry=self.registry)
-        self.stale_hits = Counter("kvledger_worker_stale_block_hits_total",
-                                  "Claimed cache blocks refused by the provenance check", labels,
-                                  registry=self.registry)
+        self.step_seconds = Histogram(
+            "kvledger_worker_step_seconds",
+            "One forward step",
+            labels,
+            buckets=STEP_BUCKETS,
+            registry=self.registry,
+        )
+        self.kv_events = Counter(
+            "kvledger_worker_kv_events_total",
+            "KV events reported to the scheduler",
+            labels + ["type"],
+            registry=self.registry,
+        )
+        self.stale_hits = Counter(
+            "kvledger_worker_stale_block_hits_total",
+            "Claimed cache blocks refused by the provenance check",
+            labels,
+            registry=self.registry,
+        )
         for kind in ("stored", "removed", "all_cleared"):
             self.kv_events.labels(*self._lv, kind)
         self.stale_hits.labels(*self._lv)

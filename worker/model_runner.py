@@ -47,11 +47,21 @@ class ModelRunner:
 
     kind = "generate"
 
-    def __init__(self, model_path: Path, *, block_size: int, num_blocks: int | None = None,
-                 kv_cache_memory_bytes: int | None = None, dtype: str = "float32",
-                 device: str = "cpu", max_model_len: int | None = None, seed: int = 0,
-                 attention_backend: str = "torch", progress: bool = True,
-                 gpu_memory_utilization: float = 0.9) -> None:
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        block_size: int,
+        num_blocks: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_model_len: int | None = None,
+        seed: int = 0,
+        attention_backend: str = "torch",
+        progress: bool = True,
+        gpu_memory_utilization: float = 0.9,
+    ) -> None:
         default_threads()
         # Everything that can be refused is checked before any memory is taken.
         self.config = cfg = ModelConfig.from_dir(Path(model_path))
@@ -66,12 +76,14 @@ class ModelRunner:
         self.embedding_size = cfg.hidden_size
         self.pooling = PoolingConfig.from_dir(Path(model_path), PoolingConfig("last", True))
         shape = KVShape(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
-        size_from_gpu = (self.device.type == "cuda" and num_blocks is None
-                         and kv_cache_memory_bytes is None)
+        size_from_gpu = (
+            self.device.type == "cuda" and num_blocks is None and kv_cache_memory_bytes is None
+        )
         if not size_from_gpu:
             self.num_blocks = _num_blocks(num_blocks, kv_cache_memory_bytes, shape)
-        self.backend = get_backend(attention_backend, dtype=self.dtype, block_size=block_size,
-                                   device=self.device)
+        self.backend = get_backend(
+            attention_backend, dtype=self.dtype, block_size=block_size, device=self.device
+        )
 
         self.model = build_model(cfg, self.backend, self.max_model_len, self.dtype, self.device)
         load_weights(self.model, Path(model_path), progress=progress)
@@ -80,15 +92,22 @@ class ModelRunner:
             budget = gpu_kv_budget(total, free, gpu_memory_utilization)
             self.num_blocks = shape.blocks_for_budget(budget)
         self.kv_cache = KVCache.allocate(shape, self.num_blocks, self.device)
-        for layer, k, v in zip(self.model.attention_layers(), self.kv_cache.k, self.kv_cache.v,
-                               strict=True):
+        for layer, k, v in zip(
+            self.model.attention_layers(), self.kv_cache.k, self.kv_cache.v, strict=True
+        ):
             layer.k_cache, layer.v_cache = k, v
-        self.limits = BatchLimits(block_size, self.num_blocks, self.vocab_size,
-                                  self.max_model_len)
+        self.limits = BatchLimits(block_size, self.num_blocks, self.vocab_size, self.max_model_len)
         self.sampler = Sampler(seed)
-        log.info("model %s: %s, %d layers, %s, %d KV blocks of %d tokens (%.1f MiB)",
-                 model_path, cfg.architecture, cfg.num_layers, self.dtype, self.num_blocks,
-                 block_size, self.num_blocks * shape.bytes_per_block() / 2**20)
+        log.info(
+            "model %s: %s, %d layers, %s, %d KV blocks of %d tokens (%.1f MiB)",
+            model_path,
+            cfg.architecture,
+            cfg.num_layers,
+            self.dtype,
+            self.num_blocks,
+            block_size,
+            self.num_blocks * shape.bytes_per_block() / 2**20,
+        )
 
     @torch.inference_mode()
     def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
@@ -130,8 +149,9 @@ class ModelRunner:
         """Whole prompts in one causal pass that keeps nothing in the KV cache."""
         if not items:
             return []
-        lens, ids = flat_inputs(items, self.vocab_size, self.max_model_len, self.embedding_size,
-                                self.device)
+        lens, ids = flat_inputs(
+            items, self.vocab_size, self.max_model_len, self.embedding_size, self.device
+        )
         plan = dense_plan(lens, True, self.device, self.config.sliding_window)
         hidden = self.model(ids, seq_positions(lens, self.device), plan)
         return finish(pool(hidden, lens, self.pooling.mode), items, self.pooling.normalize)
@@ -139,11 +159,11 @@ class ModelRunner:
     def _score_prompt(self, hidden: torch.Tensor, first_row: int, chunk: SeqChunk) -> Sample:
         """Row i of the chunk (position start_pos + i) predicts prompt token start_pos + i + 1."""
         count, start = chunk.num_prompt_scored, chunk.start_pos + 1
-        targets = list(chunk.all_token_ids[start:start + count])
+        targets = list(chunk.all_token_ids[start : start + count])
         entries = []
         for lo in range(0, count, PROMPT_SCORE_ROWS):
             hi = min(lo + PROMPT_SCORE_ROWS, count)
-            logits = self.model.compute_logits(hidden[first_row + lo:first_row + hi])
+            logits = self.model.compute_logits(hidden[first_row + lo : first_row + hi])
             scored = score_tokens(logits, targets[lo:hi], chunk.prompt_logprobs)
             if scored is None:
                 return Sample(error=NONFINITE_LOGITS)
@@ -169,8 +189,10 @@ def _max_model_len(requested: int | None, cfg: ModelConfig) -> int:
     if requested is None:
         return cfg.max_position_embeddings
     if not 0 < requested <= cfg.max_position_embeddings:
-        raise ValueError(f"max_model_len {requested} must be in [1, "
-                         f"{cfg.max_position_embeddings}] (the model's max_position_embeddings)")
+        raise ValueError(
+            f"max_model_len {requested} must be in [1, "
+            f"{cfg.max_position_embeddings}] (the model's max_position_embeddings)"
+        )
     return requested
 
 
@@ -179,17 +201,20 @@ def _max_model_len(requested: int | None, cfg: ModelConfig) -> int:
 GPU_ACTIVATION_HEADROOM_BYTES = 1 << 30
 
 
-def gpu_kv_budget(total: int, free: int, utilization: float,
-                  headroom: int = GPU_ACTIVATION_HEADROOM_BYTES) -> int:
+def gpu_kv_budget(
+    total: int, free: int, utilization: float, headroom: int = GPU_ACTIVATION_HEADROOM_BYTES
+) -> int:
     """Bytes for the KV cache: the utilization share of the device minus what is already used
     (weights, other processes) and the activation headroom."""
     if not 0 < utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
     budget = int(total * utilization) - (total - free) - headroom
     if budget <= 0:
-        raise ValueError(f"gpu_memory_utilization {utilization} leaves no memory for the KV "
-                         f"cache: {(total - free) / 2**30:.1f} GiB of {total / 2**30:.1f} GiB "
-                         "are already in use")
+        raise ValueError(
+            f"gpu_memory_utilization {utilization} leaves no memory for the KV "
+            f"cache: {(total - free) / 2**30:.1f} GiB of {total / 2**30:.1f} GiB "
+            "are already in use"
+        )
     return budget
 
 

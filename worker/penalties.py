@@ -19,8 +19,11 @@ from worker.batch import SeqChunk
 
 
 def has_penalties(chunk: SeqChunk) -> bool:
-    return (chunk.repetition_penalty != 1.0 or chunk.frequency_penalty != 0.0
-            or chunk.presence_penalty != 0.0)
+    return (
+        chunk.repetition_penalty != 1.0
+        or chunk.frequency_penalty != 0.0
+        or chunk.presence_penalty != 0.0
+    )
 
 
 def apply_penalties(logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tensor:
@@ -31,9 +34,10 @@ def apply_penalties(logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tenso
     picked = [chunks[i] for i in rows]
     num_rows, vocab = len(rows), logits.shape[1]
     device = logits.device
-    prompt = _padded([c.all_token_ids[:c.num_prompt_tokens] for c in picked], vocab, device)
-    output = _padded([c.all_token_ids[c.num_prompt_tokens:c.end_pos] for c in picked], vocab,
-                     device)
+    prompt = _padded([c.all_token_ids[: c.num_prompt_tokens] for c in picked], vocab, device)
+    output = _padded(
+        [c.all_token_ids[c.num_prompt_tokens : c.end_pos] for c in picked], vocab, device
+    )
     # Column `vocab` collects the padding and is cut off.
     counts = torch.zeros(num_rows, vocab + 1, device=device)
     counts.scatter_add_(1, output, torch.ones_like(output, dtype=counts.dtype))
@@ -59,5 +63,6 @@ def apply_penalties(logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tenso
 
 def _padded(seqs: list[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
     width = max((len(s) for s in seqs), default=0)
-    return torch.tensor([list(s) + [pad] * (width - len(s)) for s in seqs], dtype=torch.long,
-                        device=device).view(len(seqs), width)
+    return torch.tensor(
+        [list(s) + [pad] * (width - len(s)) for s in seqs], dtype=torch.long, device=device
+    ).view(len(seqs), width)

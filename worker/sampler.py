@@ -54,8 +54,9 @@ def position_generator(seed: int, position: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
-def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                  min_p: torch.Tensor) -> torch.Tensor:
+def filter_logits(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
     """[n, V] temperature-scaled logits -> the same with filtered-out tokens at -inf.
 
     Per row: min_p (0 = off), top_k (0 = off; ties with the k-th value stay), top_p (1 = off;
@@ -99,8 +100,11 @@ class Sampler:
         tokens = self._draw(logits, chunks).tolist()
         samples = [Sample(token) for token in tokens]
         if raw is not None:
-            for row, lp in zip(want, _logprobs(raw, [tokens[i] for i in want],
-                                               [chunks[i].logprobs for i in want]), strict=True):
+            for row, lp in zip(
+                want,
+                _logprobs(raw, [tokens[i] for i in want], [chunks[i].logprobs for i in want]),
+                strict=True,
+            ):
                 samples[row].logprobs = lp
         for row in failed:
             samples[row] = Sample(error=NONFINITE_LOGITS)
@@ -118,9 +122,12 @@ class Sampler:
             return torch.tensor(values, dtype=dtype, device=device)
 
         scaled = logits[rows] / column([c.temperature for c in picked], torch.float32)[:, None]
-        filtered = filter_logits(scaled, column([c.top_k for c in picked], torch.long),
-                                 column([c.top_p for c in picked], torch.float32),
-                                 column([c.min_p for c in picked], torch.float32))
+        filtered = filter_logits(
+            scaled,
+            column([c.top_k for c in picked], torch.long),
+            column([c.top_p for c in picked], torch.float32),
+            column([c.min_p for c in picked], torch.float32),
+        )
         probs = torch.softmax(filtered, dim=-1)
         # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, one noise row per request.
         noise = self._noise(picked, probs.shape[1]).to(device)
@@ -132,15 +139,17 @@ class Sampler:
         unseeded = [i for i, c in enumerate(chunks) if c.seed is None]
         if unseeded:
             noise[unseeded] = torch.empty(len(unseeded), vocab).exponential_(
-                generator=self.generator)
+                generator=self.generator
+            )
         for i, chunk in enumerate(chunks):
             if chunk.seed is not None:
                 noise[i].exponential_(generator=position_generator(chunk.seed, chunk.end_pos))
         return noise
 
 
-def score_tokens(logits: torch.Tensor, targets: list[int],
-                 top_n: int) -> list[TokenLogprobs] | None:
+def score_tokens(
+    logits: torch.Tensor, targets: list[int], top_n: int
+) -> list[TokenLogprobs] | None:
     """Raw logprob of targets[r] under logits row r, with the row's top N; None when any row is
     not finite (the request fails, as a sampling row would)."""
     logits = logits.float()
@@ -154,5 +163,4 @@ def _logprobs(raw: torch.Tensor, tokens: list[int], counts: list[int]) -> list[T
     top_n = max(counts)
     top_vals, top_ids = raw.topk(top_n, dim=-1) if top_n else (raw[:, :0], raw[:, :0].long())
     chosen_l, vals_l, ids_l = chosen.tolist(), top_vals.tolist(), top_ids.tolist()
-    return [TokenLogprobs(chosen_l[r], ids_l[r][:n], vals_l[r][:n])
-            for r, n in enumerate(counts)]
+    return [TokenLogprobs(chosen_l[r], ids_l[r][:n], vals_l[r][:n]) for r, n in enumerate(counts)]

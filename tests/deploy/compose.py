@@ -25,8 +25,11 @@ HEALTH_URL = re.compile(r"http://(?:127\.0\.0\.1|localhost):(\d+)(/[\w/.-]*)")
 
 def compose_env() -> dict[str, str]:
     """The caller's environment without anything that compose would interpolate into the file."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("KVLEDGER_", "GRAFANA_", "COMPOSE_"))}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("KVLEDGER_", "GRAFANA_", "COMPOSE_"))
+    }
 
 
 def compose_argv(*args: str, profile: str | None = None) -> list[str]:
@@ -47,8 +50,11 @@ def resolved(profile: str | None = None) -> dict[str, Any]:
 def active_services(profile: str | None = None) -> dict[str, dict[str, Any]]:
     """Services compose starts with that profile (docker-compose 1.29's `config` lists all)."""
     services = resolved(profile)["services"]
-    return {name: svc for name, svc in services.items()
-            if not svc.get("profiles") or (profile in svc["profiles"])}
+    return {
+        name: svc
+        for name, svc in services.items()
+        if not svc.get("profiles") or (profile in svc["profiles"])
+    }
 
 
 @dataclass
@@ -74,8 +80,9 @@ def kv_services(profile: str | None = None) -> dict[str, KvService]:
         command = spec.get("command") or []
         if command[:2] == ["python", "-m"] and command[2] in MODULE_SERVICE:
             env = {k: str(v) for k, v in (spec.get("environment") or {}).items()}
-            out[name] = KvService(name, MODULE_SERVICE[command[2]], command[2], command[3:], env,
-                                  spec)
+            out[name] = KvService(
+                name, MODULE_SERVICE[command[2]], command[2], command[3:], env, spec
+            )
     return out
 
 

@@ -12,27 +12,47 @@ from typing import Any
 from tests.deploy.prom import PrometheusServer
 
 # Long enough to fill several 16-token blocks, so a repeat is answered mostly from the cache.
-SHARED_PROMPT = ("The scheduler keeps an exact ledger of every key-value block: which prefix it "
-                 "holds, which requests pin it, and when it was evicted. ") * 4
+SHARED_PROMPT = (
+    "The scheduler keeps an exact ledger of every key-value block: which prefix it "
+    "holds, which requests pin it, and when it was evicted. "
+) * 4
 
 
 def post(url: str, path: str, body: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
-    request = urllib.request.Request(f"{url}{path}", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=timeout) as reply:
         return json.loads(reply.read())
 
 
 def complete(url: str, prompt: str, max_tokens: int = 4, model: str = "tiny-llama") -> dict:
-    return post(url, "/v1/completions", {"model": model, "prompt": prompt, "temperature": 0,
-                                         "max_tokens": max_tokens, "ignore_eos": True})
+    return post(
+        url,
+        "/v1/completions",
+        {
+            "model": model,
+            "prompt": prompt,
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        },
+    )
 
 
 def abandon_stream(host: str, port: int, prompt: str, model: str = "tiny-llama") -> None:
     """Start a long streamed completion, read its first chunk, and hang up (a client abort)."""
     conn = http.client.HTTPConnection(host, port, timeout=60)
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 500, "stream": True,
-                       "temperature": 0, "ignore_eos": True})
+    body = json.dumps(
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": 500,
+            "stream": True,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+    )
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     reply = conn.getresponse()
     assert reply.status == 200, reply.read()
@@ -44,8 +64,11 @@ def metric_names(url: str) -> set[str]:
     """Names of the samples (not just the # HELP lines) in one scrape."""
     with urllib.request.urlopen(url, timeout=5) as reply:
         text = reply.read().decode()
-    return {line.split("{")[0].split(" ")[0] for line in text.splitlines()
-            if line and not line.startswith("#")}
+    return {
+        line.split("{")[0].split(" ")[0]
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:

@@ -21,8 +21,12 @@ PROMETHEUS_YML = REPO / "deploy" / "prometheus" / "prometheus.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "kvledger.json"
 METRIC = re.compile(r"\b(kvledger_[a-z0-9_]+|up)\b")
 # Grafana's macros and the dashboard's variables, as a test evaluates them.
-GRAFANA_VARS = {"$__rate_interval": "{window}", "$__interval": "{window}",
-                "$__range": "{window}", "$model": ".*"}
+GRAFANA_VARS = {
+    "$__rate_interval": "{window}",
+    "$__interval": "{window}",
+    "$__range": "{window}",
+    "$model": ".*",
+}
 
 
 def prometheus_config() -> dict[str, Any]:
@@ -98,17 +102,26 @@ class PrometheusServer:
                 self.process.wait()
 
 
-def start_prometheus(tmp: Path, jobs: dict[str, list[str]], port: int,
-                     interval: str = "1s", timeout: float = 60.0) -> PrometheusServer:
+def start_prometheus(
+    tmp: Path, jobs: dict[str, list[str]], port: int, interval: str = "1s", timeout: float = 60.0
+) -> PrometheusServer:
     """A real Prometheus (Debian's package) on loopback scraping `jobs` {job: [host:port]}."""
-    config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
-              "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}
-                                 for job, targets in jobs.items()]}
+    config = {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "scrape_configs": [
+            {"job_name": job, "static_configs": [{"targets": targets}]}
+            for job, targets in jobs.items()
+        ],
+    }
     config_path = tmp / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config))
     log_path = tmp / "prometheus.log"
-    argv = [require("prometheus"), f"--config.file={config_path}",
-            f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"]
+    argv = [
+        require("prometheus"),
+        f"--config.file={config_path}",
+        f"--storage.tsdb.path={tmp / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     server = PrometheusServer(process, f"http://127.0.0.1:{port}", log_path)

@@ -114,16 +114,20 @@ def test_prometheus_scrapes_every_service_and_only_them(profile):
 
 def test_metrics_ports_are_unique_so_the_stack_can_also_run_on_one_host():
     services, args = _by_service("gpu")
-    ports = [args[n].port if s.service == FRONTEND else args[n].metrics_port
-             for n, s in services.items()]
+    ports = [
+        args[n].port if s.service == FRONTEND else args[n].metrics_port for n, s in services.items()
+    ]
     assert len(ports) == len(set(ports))
 
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_frontend_requires_exactly_the_default_workers_models(profile):
     services, args = _by_service(profile)
-    default_models = {args[n].served_model_name or args[n].model
-                      for n, s in kv_services(None).items() if s.service == WORKER}
+    default_models = {
+        args[n].served_model_name or args[n].model
+        for n, s in kv_services(None).items()
+        if s.service == WORKER
+    }
     assert "all-MiniLM-L6-v2" in default_models, "the embedding worker serves MiniLM"
     [front] = [n for n, s in services.items() if s.service == FRONTEND]
     assert set(args[front].require_model) == default_models

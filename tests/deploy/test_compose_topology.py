@@ -30,8 +30,11 @@ def test_traffic_to_both_models(frontend_url):
     complete(frontend_url, SHARED_PROMPT)
     again = complete(frontend_url, SHARED_PROMPT)
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-    reply = post(frontend_url, "/v1/embeddings", {"model": EMBEDDING_MODEL,
-                                                  "input": ["kv ledger", "block table"]})
+    reply = post(
+        frontend_url,
+        "/v1/embeddings",
+        {"model": EMBEDDING_MODEL, "input": ["kv ledger", "block table"]},
+    )
     assert [d["index"] for d in reply["data"]] == [0, 1]
 
 
@@ -51,8 +54,7 @@ def test_every_prometheus_target_answers(topology, frontend_url):
 def test_workers_carry_their_compose_ids(topology, frontend_url):
     scheduler = scrape(f"http://{topology.address('scheduler', 9400)}/metrics")
     for worker_id, model in (("cpu-0", "tiny-llama"), ("embed-0", EMBEDDING_MODEL)):
-        assert metric_sum(scheduler, "kvledger_kv_blocks_total", worker=worker_id,
-                          model=model) >= 0
+        assert metric_sum(scheduler, "kvledger_kv_blocks_total", worker=worker_id, model=model) >= 0
         assert any(f'worker="{worker_id}"' in k for k in scheduler), worker_id
     worker = scrape(f"http://{topology.address('worker', 9401)}/metrics")
     assert metric_sum(worker, "kvledger_worker_step_seconds_count", worker="cpu-0") > 0

@@ -24,18 +24,41 @@ GRAFANA = REPO / "deploy" / "grafana"
 
 # DESIGN section 9, plus two the code exports beyond it: kv_blocks_cached (the scheduler's
 # "blocks cached" gauge) and http_requests_total (the frontend's only metric).
-CONTRACT = {f"kvledger_{n}" for n in (
-    "prefix_cache_queries_total", "prefix_cache_hits_total", "tracker_entries",
-    "tracker_stale_entries_total", "tracker_entries_released_total", "tracker_orphans_total",
-    "kv_blocks_total", "kv_blocks_in_use", "kv_cache_usage_ratio", "kv_block_evictions_total",
-    "num_requests_running", "num_requests_waiting", "num_preemptions_total",
-    "requests_finished_total", "prompt_tokens_total", "generation_tokens_total",
-    "time_to_first_token_seconds", "time_per_output_token_seconds",
-    "e2e_request_latency_seconds", "request_queue_time_seconds", "worker_step_seconds",
-    "worker_kv_events_total", "worker_stale_block_hits_total")}
+CONTRACT = {
+    f"kvledger_{n}"
+    for n in (
+        "prefix_cache_queries_total",
+        "prefix_cache_hits_total",
+        "tracker_entries",
+        "tracker_stale_entries_total",
+        "tracker_entries_released_total",
+        "tracker_orphans_total",
+        "kv_blocks_total",
+        "kv_blocks_in_use",
+        "kv_cache_usage_ratio",
+        "kv_block_evictions_total",
+        "num_requests_running",
+        "num_requests_waiting",
+        "num_preemptions_total",
+        "requests_finished_total",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "time_to_first_token_seconds",
+        "time_per_output_token_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+        "worker_step_seconds",
+        "worker_kv_events_total",
+        "worker_stale_block_hits_total",
+    )
+}
 BEYOND_DESIGN = {"kvledger_kv_blocks_cached", "kvledger_http_requests_total"}
-HISTOGRAMS = {"kvledger_time_to_first_token_seconds", "kvledger_time_per_output_token_seconds",
-              "kvledger_e2e_request_latency_seconds", "kvledger_worker_step_seconds"}
+HISTOGRAMS = {
+    "kvledger_time_to_first_token_seconds",
+    "kvledger_time_per_output_token_seconds",
+    "kvledger_e2e_request_latency_seconds",
+    "kvledger_worker_step_seconds",
+}
 
 
 def all_exprs() -> str:
@@ -48,8 +71,10 @@ def test_promtool_accepts_prometheus_yml():
 
 
 def test_promtool_parses_every_dashboard_expression(tmp_path):
-    rules = [{"record": f"kvledger_dashboard:expr_{i}", "expr": promql(expr)}
-             for i, (_, expr) in enumerate(expressions())]
+    rules = [
+        {"record": f"kvledger_dashboard:expr_{i}", "expr": promql(expr)}
+        for i, (_, expr) in enumerate(expressions())
+    ]
     path = tmp_path / "dashboard_rules.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     proc = run([require("promtool"), "check", "rules", str(path)])
@@ -80,19 +105,26 @@ def test_latency_panels_show_p50_p90_p99(metric):
 def test_hit_rate_is_hits_over_queries_overall_and_by_worker():
     hits = "rate(kvledger_prefix_cache_hits_total"
     queries = "rate(kvledger_prefix_cache_queries_total"
-    ratios = [e for _, e in expressions() if hits in e and queries in e
-              and e.index(hits) < e.index(" / ") < e.index(queries)]
+    ratios = [
+        e
+        for _, e in expressions()
+        if hits in e and queries in e and e.index(hits) < e.index(" / ") < e.index(queries)
+    ]
     assert any(e.startswith("sum(") for e in ratios), "overall"
     assert any("by (model, worker)" in e for e in ratios), "per worker"
 
 
 def test_required_panels_group_by_their_labels():
     text = all_exprs()
-    for needle in ("by (source) (rate(kvledger_tracker_stale_entries_total",
-                   "by (reason) (rate(kvledger_tracker_entries_released_total",
-                   "kvledger_tracker_orphans_total", "kvledger_num_requests_running",
-                   "kvledger_num_requests_waiting", "rate(kvledger_prompt_tokens_total",
-                   "rate(kvledger_generation_tokens_total"):
+    for needle in (
+        "by (source) (rate(kvledger_tracker_stale_entries_total",
+        "by (reason) (rate(kvledger_tracker_entries_released_total",
+        "kvledger_tracker_orphans_total",
+        "kvledger_num_requests_running",
+        "kvledger_num_requests_waiting",
+        "rate(kvledger_prompt_tokens_total",
+        "rate(kvledger_generation_tokens_total",
+    ):
         assert needle in text, needle
 
 

@@ -32,8 +32,7 @@ def final_stage(path: str) -> list[tuple[str, str]]:
 
 
 def test_compose_builds_only_these_dockerfiles():
-    built = {s["build"]["dockerfile"] for s in resolved("gpu")["services"].values()
-             if "build" in s}
+    built = {s["build"]["dockerfile"] for s in resolved("gpu")["services"].values() if "build" in s}
     assert built == set(DOCKERFILES)
 
 
@@ -42,17 +41,24 @@ def test_runs_as_uid_1000_not_root(path):
     stage = final_stage(path)
     users = [args for word, args in stage if word == "USER"]
     assert users and users[-1] not in ("root", "0")
-    assert any(word == "RUN" and "--uid 1000" in args for word, args in stage), \
+    assert any(word == "RUN" and "--uid 1000" in args for word, args in stage), (
         "uid 1000 in every image: they share the models volume"
+    )
 
 
 @pytest.mark.parametrize("path", DOCKERFILES)
 def test_dependencies_are_installed_before_sources_are_copied(path):
     steps = instructions(path)
-    first_source = min(i for i, (word, args) in enumerate(steps)
-                       if word == "COPY" and args.split()[0] in ("kvledger", ".", "worker"))
-    deps = [i for i, (word, args) in enumerate(steps)
-            if word == "RUN" and re.search(r"pip install [^-]*\.", args)]
+    first_source = min(
+        i
+        for i, (word, args) in enumerate(steps)
+        if word == "COPY" and args.split()[0] in ("kvledger", ".", "worker")
+    )
+    deps = [
+        i
+        for i, (word, args) in enumerate(steps)
+        if word == "RUN" and re.search(r"pip install [^-]*\.", args)
+    ]
     assert deps and deps[0] < first_source
     assert not any(word == "COPY" and args.split()[0] == "." for word, args in steps)
 

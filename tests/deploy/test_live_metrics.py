@@ -33,9 +33,11 @@ def stack(tmp_path_factory):
 def local_targets(stack) -> dict[tuple[str, int], str]:
     """prometheus.yml target -> this stack's loopback address (`kvledger serve` runs one worker
     of --model: the compose file's `worker`; the embedding and GPU workers are not started)."""
-    return {("frontend", 8000): f"127.0.0.1:{stack.port}",
-            ("scheduler", 9400): f"127.0.0.1:{stack.metrics_port}",
-            ("worker", 9401): f"127.0.0.1:{stack.metrics_port + 1}"}
+    return {
+        ("frontend", 8000): f"127.0.0.1:{stack.port}",
+        ("scheduler", 9400): f"127.0.0.1:{stack.metrics_port}",
+        ("worker", 9401): f"127.0.0.1:{stack.metrics_port + 1}",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +56,13 @@ def jobs(stack) -> dict[str, list[str]]:
 def prometheus(stack, jobs, tmp_path_factory):
     server = start_prometheus(tmp_path_factory.mktemp("prometheus"), jobs, free_port())
     try:
-        wait_for(lambda: len([t for t in server.targets() if t["health"] == "up"]) ==
-                 sum(map(len, jobs.values())), "every target up")
+        wait_for(
+            lambda: (
+                len([t for t in server.targets() if t["health"] == "up"])
+                == sum(map(len, jobs.values()))
+            ),
+            "every target up",
+        )
         yield server
     finally:
         server.stop()
@@ -64,8 +71,10 @@ def prometheus(stack, jobs, tmp_path_factory):
 def _seen_by_prometheus(prometheus, stack) -> None:
     """Waits until Prometheus has scraped the scheduler's current generation-token count."""
     now = metric_sum(scrape(stack.scheduler_metrics_url), "kvledger_generation_tokens_total")
-    wait_for(lambda: scalar(prometheus, "sum(kvledger_generation_tokens_total)") == now,
-             "a scrape after the traffic")
+    wait_for(
+        lambda: scalar(prometheus, "sum(kvledger_generation_tokens_total)") == now,
+        "a scrape after the traffic",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -134,14 +143,22 @@ def test_bug_signals_stay_zero(traffic):
 
 def test_client_abort_is_a_release_with_reason_aborted(stack, traffic):
     def aborted() -> float:
-        return metric_sum(scrape(stack.scheduler_metrics_url),
-                          "kvledger_tracker_entries_released_total", reason="aborted")
+        return metric_sum(
+            scrape(stack.scheduler_metrics_url),
+            "kvledger_tracker_entries_released_total",
+            reason="aborted",
+        )
 
     before = aborted()
     abandon_stream("127.0.0.1", stack.port, SHARED_PROMPT)
     wait_for(lambda: aborted() > before, "an `aborted` release after a client hang-up", 30)
-    wait_for(lambda: metric_sum(scrape(stack.scheduler_metrics_url),
-                                "kvledger_num_requests_running") == 0, "idle", 30)
+    wait_for(
+        lambda: (
+            metric_sum(scrape(stack.scheduler_metrics_url), "kvledger_num_requests_running") == 0
+        ),
+        "idle",
+        30,
+    )
     samples = scrape(stack.scheduler_metrics_url)
     assert metric_sum(samples, "kvledger_tracker_orphans_total") == 0
     assert metric_sum(samples, "kvledger_tracker_entries") == 0

@@ -52,8 +52,11 @@ class LocalTopology:
 def _start_order(services: dict[str, KvService]) -> list[str]:
     order: list[str] = []
     while len(order) < len(services):
-        ready = [n for n, s in services.items() if n not in order
-                 and all(d in order for d in s.spec.get("depends_on") or {})]
+        ready = [
+            n
+            for n, s in services.items()
+            if n not in order and all(d in order for d in s.spec.get("depends_on") or {})
+        ]
         assert ready, "depends_on has a cycle or names a service that is not started"
         order += sorted(ready)
     return order
@@ -81,8 +84,7 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def start_topology(logs: Path, profile: str | None = None,
-                   timeout: float = 240.0) -> LocalTopology:
+def start_topology(logs: Path, profile: str | None = None, timeout: float = 240.0) -> LocalTopology:
     services = kv_services(profile)
     ports: dict[tuple[str, int], int] = {}
     for name, svc in services.items():
@@ -95,8 +97,12 @@ def start_topology(logs: Path, profile: str | None = None,
             svc = services[name]
             with open(logs / f"{name}.log", "wb") as log:
                 topo.processes[name] = subprocess.Popen(
-                    [sys.executable, "-m", svc.module, *svc.argv], cwd=REPO,
-                    env=_local_env(svc, ports), stdout=log, stderr=subprocess.STDOUT)
+                    [sys.executable, "-m", svc.module, *svc.argv],
+                    cwd=REPO,
+                    env=_local_env(svc, ports),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             port, path = svc.health_url()
             url = f"http://{topo.address(name, port)}{path}"
             deadline = time.monotonic() + timeout

@@ -30,9 +30,14 @@ def reference() -> list[str]:
     for prompt in PROMPTS:
         ids = tokenizer.encode(prompt).ids
         with torch.inference_mode():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                                 min_new_tokens=MAX_TOKENS, pad_token_id=0)
-        new = out[0, len(ids):].tolist()
+            out = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                min_new_tokens=MAX_TOKENS,
+                pad_token_id=0,
+            )
+        new = out[0, len(ids) :].tolist()
         detok = IncrementalDetokenizer(tokenizer, ids)
         texts.append(detok.push(new) + detok.flush())
     return texts
@@ -43,8 +48,13 @@ def run_concurrently(url: str) -> list[str]:
     texts: list[str | None] = [None] * len(PROMPTS)
 
     def one(i: int) -> None:
-        out = client.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=MAX_TOKENS,
-                                        temperature=0, extra_body={"ignore_eos": True})
+        out = client.completions.create(
+            model=MODEL,
+            prompt=PROMPTS[i],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
         texts[i] = out.choices[0].text
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]

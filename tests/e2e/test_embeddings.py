@@ -14,14 +14,17 @@ from kvledger.models import embedding_model_path
 from tests.serving import start_serve
 
 MODEL = "all-MiniLM-L6-v2"
-SENTENCES = ["A ledger of blocks.", "The quick brown fox jumps over the lazy dog.",
-             "東京の天気は晴れです 🎉", "word " * 200]
+SENTENCES = [
+    "A ledger of blocks.",
+    "The quick brown fox jumps over the lazy dog.",
+    "東京の天気は晴れです 🎉",
+    "word " * 200,
+]
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    served = start_serve(tmp_path_factory.mktemp("embed"), "--num-kv-blocks", "32",
-                         embedding=True)
+    served = start_serve(tmp_path_factory.mktemp("embed"), "--num-kv-blocks", "32", embedding=True)
     yield served
     served.stop()
 
@@ -48,8 +51,7 @@ def test_both_models_are_listed(client):
 
 @pytest.mark.parametrize("encoding_format", ["float", "base64"])
 def test_embeddings_match_sentence_transformers(client, reference, encoding_format):
-    out = client.embeddings.create(model=MODEL, input=SENTENCES,
-                                   encoding_format=encoding_format)
+    out = client.embeddings.create(model=MODEL, input=SENTENCES, encoding_format=encoding_format)
     assert [d.index for d in out.data] == list(range(len(SENTENCES)))
     for got, want in zip(out.data, reference, strict=True):
         vector = got.embedding
@@ -67,8 +69,9 @@ def test_default_client_encoding_and_single_input(client, reference):
 
 
 def test_dimensions_truncate_and_renormalise(client, reference):
-    out = client.embeddings.create(model=MODEL, input=SENTENCES[0], dimensions=64,
-                                   encoding_format="float")
+    out = client.embeddings.create(
+        model=MODEL, input=SENTENCES[0], dimensions=64, encoding_format="float"
+    )
     vec = np.asarray(out.data[0].embedding)
     assert vec.shape == (64,)
     assert abs(np.linalg.norm(vec) - 1) < 1e-5
@@ -98,7 +101,8 @@ def test_a_decoder_embeds_with_last_token_pooling(client):
     ids = Tokenizer.from_file(str(path / "tokenizer.json")).encode(text).ids
     with torch.inference_mode():
         hidden = LlamaModel.from_pretrained(path, torch_dtype=torch.float32)(
-            torch.tensor([ids])).last_hidden_state[0, -1]
+            torch.tensor([ids])
+        ).last_hidden_state[0, -1]
     want = torch.nn.functional.normalize(hidden, dim=0).numpy()
     out = client.embeddings.create(model="tiny-llama", input=text, encoding_format="float")
     assert len(out.data[0].embedding) == 256

@@ -33,10 +33,12 @@ def test_kill_9_a_worker_mid_stream_requests_finish_on_the_other(tmp_path):
     try:
         client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
         kwargs = dict(model=MODEL, max_tokens=60, temperature=0, extra_body={"ignore_eos": True})
-        reference = [client.completions.create(prompt=p, **kwargs).choices[0].text
-                     for p in PROMPTS]
-        victim = next(p for p in descendants(served.process.pid)
-                      if "-m worker" in cmdline(p) and "worker-0" in cmdline(p))
+        reference = [client.completions.create(prompt=p, **kwargs).choices[0].text for p in PROMPTS]
+        victim = next(
+            p
+            for p in descendants(served.process.pid)
+            if "-m worker" in cmdline(p) and "worker-0" in cmdline(p)
+        )
         results: dict[int, str] = {}
 
         def stream(i: int) -> None:
@@ -47,8 +49,14 @@ def test_kill_9_a_worker_mid_stream_requests_finish_on_the_other(tmp_path):
         for t in threads:
             t.start()
         deadline = time.monotonic() + 10
-        while metric_sum(scrape(served.scheduler_metrics_url), "kvledger_num_requests_running",
-                         worker="worker-0") == 0:
+        while (
+            metric_sum(
+                scrape(served.scheduler_metrics_url),
+                "kvledger_num_requests_running",
+                worker="worker-0",
+            )
+            == 0
+        ):
             assert time.monotonic() < deadline, "worker-0 never got a request"
             time.sleep(0.01)
         os.kill(victim, signal.SIGKILL)
@@ -67,8 +75,9 @@ def test_kill_9_a_worker_mid_stream_requests_finish_on_the_other(tmp_path):
 
 def spawn(module: str, *args: str, log: Path) -> subprocess.Popen:
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def wait_status(url: str, status: int, timeout: float = 60) -> None:
@@ -97,11 +106,26 @@ def test_no_worker_is_503_then_a_scheduler_restart_is_survived(tmp_path, process
     grpc_port, http_port = free_port(), free_port()
     target = f"127.0.0.1:{grpc_port}"
     log = tmp_path / "services.log"
-    scheduler_args = ("--grpc-port", str(grpc_port), "--metrics-port", str(free_port()),
-                      "--debug-invariants")
+    scheduler_args = (
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(free_port()),
+        "--debug-invariants",
+    )
     processes.append(spawn("scheduler_svc", *scheduler_args, log=log))
-    processes.append(spawn("server", "--scheduler", target, "--port", str(http_port),
-                           "--require-model", MODEL, log=log))
+    processes.append(
+        spawn(
+            "server",
+            "--scheduler",
+            target,
+            "--port",
+            str(http_port),
+            "--require-model",
+            MODEL,
+            log=log,
+        )
+    )
     url = f"http://127.0.0.1:{http_port}"
     wait_status(f"{url}/version", 200)
     assert httpx.get(f"{url}/health").status_code == 503
@@ -110,8 +134,18 @@ def test_no_worker_is_503_then_a_scheduler_restart_is_survived(tmp_path, process
     assert reply.status_code == 503 and reply.headers["retry-after"]
     assert reply.json()["error"]["type"] == "service_unavailable"
 
-    processes.append(spawn("worker", "--scheduler", target, "--num-kv-blocks", "64",
-                           "--metrics-port", str(free_port()), log=log))
+    processes.append(
+        spawn(
+            "worker",
+            "--scheduler",
+            target,
+            "--num-kv-blocks",
+            "64",
+            "--metrics-port",
+            str(free_port()),
+            log=log,
+        )
+    )
     wait_status(f"{url}/health", 200)
     first = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
     assert first.status_code == 200
@@ -130,15 +164,17 @@ def test_no_worker_is_503_then_a_scheduler_restart_is_survived(tmp_path, process
 
 
 def test_full_queue_is_429_with_retry_after(tmp_path):
-    served = start_serve(tmp_path, "--num-kv-blocks", "64", "--max-num-seqs", "1",
-                         "--max-waiting-requests", "1")
+    served = start_serve(
+        tmp_path, "--num-kv-blocks", "64", "--max-num-seqs", "1", "--max-waiting-requests", "1"
+    )
     try:
         body = {"model": MODEL, "prompt": "x", "max_tokens": 400, "ignore_eos": True}
         statuses: list[int] = []
 
         def call() -> None:
-            statuses.append(httpx.post(f"{served.url}/v1/completions", json=body,
-                                       timeout=120).status_code)
+            statuses.append(
+                httpx.post(f"{served.url}/v1/completions", json=body, timeout=120).status_code
+            )
 
         threads = [threading.Thread(target=call) for _ in range(2)]
         for t in threads:
@@ -158,16 +194,20 @@ def test_mid_stream_failure_ends_with_an_error_event_then_done(tmp_path):
     served = start_serve(tmp_path, "--num-kv-blocks", "128")
     try:
         worker = next(p for p in descendants(served.process.pid) if "-m worker" in cmdline(p))
-        body = {"model": MODEL, "prompt": "tell me everything", "max_tokens": 1500,
-                "ignore_eos": True, "stream": True}
+        body = {
+            "model": MODEL,
+            "prompt": "tell me everything",
+            "max_tokens": 1500,
+            "ignore_eos": True,
+            "stream": True,
+        }
         events: list[str] = []
-        with httpx.stream("POST", f"{served.url}/v1/completions", json=body,
-                          timeout=60) as reply:
+        with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=60) as reply:
             assert reply.status_code == 200
             for line in reply.iter_lines():
                 if not line.startswith("data: "):
                     continue
-                events.append(line[len("data: "):])
+                events.append(line[len("data: ") :])
                 if len(events) == 3:
                     os.kill(worker, signal.SIGKILL)
         assert events[-1] == "[DONE]"

@@ -22,8 +22,17 @@ LONG_PROMPT = "a ledger of blocks, exact and counted, " * 8
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    served = start_serve(tmp_path_factory.mktemp("api"), "--num-kv-blocks", "128",
-                         "--api-key", KEY_A, "--api-key", KEY_B, "--max-n", "4")
+    served = start_serve(
+        tmp_path_factory.mktemp("api"),
+        "--num-kv-blocks",
+        "128",
+        "--api-key",
+        KEY_A,
+        "--api-key",
+        KEY_B,
+        "--max-n",
+        "4",
+    )
     yield served
     served.stop()
 
@@ -35,8 +44,9 @@ def client(served):
 
 @pytest.fixture(scope="module")
 def http(served):
-    with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {KEY_A}"},
-                      timeout=60) as c:
+    with httpx.Client(
+        base_url=served.url, headers={"Authorization": f"Bearer {KEY_A}"}, timeout=60
+    ) as c:
         yield c
 
 
@@ -44,20 +54,25 @@ def idle(served, timeout: float = 3.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         s = scrape(served.scheduler_metrics_url)
-        if (metric_sum(s, "kvledger_kv_blocks_in_use") == 0 and
-                metric_sum(s, "kvledger_tracker_entries") == 0 and
-                metric_sum(s, "kvledger_num_requests_running") == 0 and
-                metric_sum(s, "kvledger_num_requests_waiting") == 0):
+        if (
+            metric_sum(s, "kvledger_kv_blocks_in_use") == 0
+            and metric_sum(s, "kvledger_tracker_entries") == 0
+            and metric_sum(s, "kvledger_num_requests_running") == 0
+            and metric_sum(s, "kvledger_num_requests_waiting") == 0
+        ):
             return True
         time.sleep(0.05)
     return False
 
 
-GUARDED = [("GET", "/v1/models", None), ("GET", "/metrics", None),
-           ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1}),
-           ("POST", "/v1/embeddings", {"model": MODEL, "input": "x"}),
-           ("POST", "/tokenize", {"model": MODEL, "prompt": "x"}),
-           ("POST", "/detokenize", {"model": MODEL, "tokens": [101]})]
+GUARDED = [
+    ("GET", "/v1/models", None),
+    ("GET", "/metrics", None),
+    ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1}),
+    ("POST", "/v1/embeddings", {"model": MODEL, "input": "x"}),
+    ("POST", "/tokenize", {"model": MODEL, "prompt": "x"}),
+    ("POST", "/detokenize", {"model": MODEL, "tokens": [101]}),
+]
 
 
 @pytest.mark.parametrize(("method", "path", "body"), GUARDED)
@@ -66,8 +81,13 @@ def test_every_state_route_needs_a_key(served, method, path, body):
         reply = httpx.request(method, served.url + path, json=body, headers=headers)
         assert reply.status_code == 401, (path, headers)
         assert reply.json()["error"]["code"] == "invalid_api_key"
-    reply = httpx.request(method, served.url + path, json=body,
-                          headers={"Authorization": f"Bearer {KEY_B}"}, timeout=60)
+    reply = httpx.request(
+        method,
+        served.url + path,
+        json=body,
+        headers={"Authorization": f"Bearer {KEY_B}"},
+        timeout=60,
+    )
     assert reply.status_code != 401
 
 
@@ -96,53 +116,79 @@ def test_tenants_do_not_share_cache_but_a_tenant_does(served, client):
 
 
 def test_prompt_forms_and_n(client):
-    tok = client.completions.create(model=MODEL, prompt=[101, 2023, 2003], max_tokens=3,
-                                    temperature=0)
+    tok = client.completions.create(
+        model=MODEL, prompt=[101, 2023, 2003], max_tokens=3, temperature=0
+    )
     assert tok.usage.prompt_tokens == 3
-    multi = client.completions.create(model=MODEL, prompt=["one", "two words"], max_tokens=2,
-                                      temperature=0, n=2)
+    multi = client.completions.create(
+        model=MODEL, prompt=["one", "two words"], max_tokens=2, temperature=0, n=2
+    )
     assert [c.index for c in multi.choices] == [0, 1, 2, 3]
     assert multi.choices[0].text == multi.choices[1].text, "greedy choices agree"
-    lists = client.completions.create(model=MODEL, prompt=[[101, 2000], [101, 2001, 2002]],
-                                      max_tokens=1)
+    lists = client.completions.create(
+        model=MODEL, prompt=[[101, 2000], [101, 2001, 2002]], max_tokens=1
+    )
     assert len(lists.choices) == 2 and lists.usage.prompt_tokens == 5
 
 
 def test_echo_prepends_the_prompt(client):
-    out = client.completions.create(model=MODEL, prompt="hello there", max_tokens=3, echo=True,
-                                    temperature=0)
+    out = client.completions.create(
+        model=MODEL, prompt="hello there", max_tokens=3, echo=True, temperature=0
+    )
     assert out.choices[0].text.startswith("hello there")
 
 
 def test_stop_string_cuts_the_text_streaming_and_not(client):
-    base = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=20,
-                                     temperature=0, extra_body={"ignore_eos": True})
+    base = client.completions.create(
+        model=MODEL,
+        prompt=LONG_PROMPT,
+        max_tokens=20,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     text = base.choices[0].text
     assert len(text) > 6
     stop = text[3:7]  # likely spans a token boundary
-    cut = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=20,
-                                    temperature=0, stop=[stop], extra_body={"ignore_eos": True})
-    assert cut.choices[0].text == text[:text.find(stop)]
+    cut = client.completions.create(
+        model=MODEL,
+        prompt=LONG_PROMPT,
+        max_tokens=20,
+        temperature=0,
+        stop=[stop],
+        extra_body={"ignore_eos": True},
+    )
+    assert cut.choices[0].text == text[: text.find(stop)]
     assert cut.choices[0].finish_reason == "stop"
-    chunks = list(client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=20,
-                                            temperature=0, stop=stop, stream=True,
-                                            extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=LONG_PROMPT,
+            max_tokens=20,
+            temperature=0,
+            stop=stop,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == cut.choices[0].text
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
-@pytest.mark.parametrize(("body", "param"), [
-    ({"n": 5}, "n"),
-    ({"stop": ["x"] * 17}, "stop"),
-    ({"stop": ["y" * 300]}, "stop"),
-    ({"logprobs": 21}, "logprobs"),
-    ({"temperature": 3}, "temperature"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"prompt": ""}, "prompt"),
-    ({"prompt": []}, "prompt"),
-    ({"presence_penalty": 3.0}, "presence_penalty"),
-    ({"model": 5}, "model"),
-])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"n": 5}, "n"),
+        ({"stop": ["x"] * 17}, "stop"),
+        ({"stop": ["y" * 300]}, "stop"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"temperature": 3}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"presence_penalty": 3.0}, "presence_penalty"),
+        ({"model": 5}, "model"),
+    ],
+)
 def test_invalid_values_are_400_in_openai_shape(http, served, body, param):
     payload = {"model": MODEL, "prompt": "x", "max_tokens": 2} | body
     reply = http.post("/v1/completions", json=payload)
@@ -155,30 +201,39 @@ def test_invalid_values_are_400_in_openai_shape(http, served, body, param):
 
 
 def test_prompt_filling_the_context_without_max_tokens_is_400(http):
-    reply = http.post("/v1/completions", json={"model": MODEL, "prompt": "word " * 2100,
-                                               "max_tokens": None})
+    reply = http.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "word " * 2100, "max_tokens": None}
+    )
     assert reply.status_code == 400
     assert reply.json()["error"]["code"] == "context_length_exceeded"
 
 
 def test_unknown_fields_are_ignored(http):
-    reply = http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1,
-                                               "best_of": 1, "some_future_field": {"a": 1}})
+    reply = http.post(
+        "/v1/completions",
+        json={
+            "model": MODEL,
+            "prompt": "x",
+            "max_tokens": 1,
+            "best_of": 1,
+            "some_future_field": {"a": 1},
+        },
+    )
     assert reply.status_code == 200
 
 
 def test_body_too_large_is_413_declared_or_chunked(http):
     big = b"{" + b" " * (5 * 1024 * 1024) + b"}"
-    reply = http.post("/v1/completions", content=big,
-                      headers={"Content-Type": "application/json"})
+    reply = http.post("/v1/completions", content=big, headers={"Content-Type": "application/json"})
     assert reply.status_code == 413
 
     def chunks():
         for i in range(0, len(big), 1 << 20):
-            yield big[i:i + (1 << 20)]
+            yield big[i : i + (1 << 20)]
 
-    reply = http.post("/v1/completions", content=chunks(),
-                      headers={"Content-Type": "application/json"})
+    reply = http.post(
+        "/v1/completions", content=chunks(), headers={"Content-Type": "application/json"}
+    )
     assert reply.status_code == 413
     assert reply.json()["error"]["message"].startswith("the request body is larger")
 
@@ -194,16 +249,25 @@ def test_tokenize_roundtrip(http):
 def _raw_request(served, body: dict) -> socket.socket:
     payload = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", served.port))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                 b"\r\nAuthorization: Bearer " + KEY_A.encode() +
-                 f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+        b"\r\nAuthorization: Bearer "
+        + KEY_A.encode()
+        + f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
     return sock
 
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_disconnect_releases_blocks_and_tracker(served, stream):
-    body = {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 1500, "ignore_eos": True,
-            "stream": stream}
+    body = {
+        "model": MODEL,
+        "prompt": LONG_PROMPT,
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": stream,
+    }
     sock = _raw_request(served, body)
     deadline = time.monotonic() + 10
     while metric_sum(scrape(served.scheduler_metrics_url), "kvledger_kv_blocks_in_use") == 0:
@@ -214,21 +278,48 @@ def test_client_disconnect_releases_blocks_and_tracker(served, stream):
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True) |
-    st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) |
-    st.dictionaries(st.text(max_size=10), children, max_size=4),
-    max_leaves=10)
-FIELDS = ["temperature", "top_p", "n", "stream", "logprobs",
-          "echo", "stop", "seed", "top_k", "min_p", "stop_token_ids", "ignore_eos", "min_tokens",
-          "cache_salt", "priority", "stream_options", "skip_special_tokens"]
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
+    max_leaves=10,
+)
+FIELDS = [
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "logprobs",
+    "echo",
+    "stop",
+    "seed",
+    "top_k",
+    "min_p",
+    "stop_token_ids",
+    "ignore_eos",
+    "min_tokens",
+    "cache_salt",
+    "priority",
+    "stream_options",
+    "skip_special_tokens",
+]
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.fixed_dictionaries(
-    {"model": st.just(MODEL), "max_tokens": st.integers(-2, 4),
-     "prompt": st.text(max_size=30) | JSON_VALUES},
-    optional={name: JSON_VALUES for name in FIELDS}))
+@given(
+    st.fixed_dictionaries(
+        {
+            "model": st.just(MODEL),
+            "max_tokens": st.integers(-2, 4),
+            "prompt": st.text(max_size=30) | JSON_VALUES,
+        },
+        optional={name: JSON_VALUES for name in FIELDS},
+    )
+)
 def test_fuzz_completions_never_5xx(http, body):
     reply = http.post("/v1/completions", content=json.dumps(body))
     assert reply.status_code < 500, (body, reply.text)
@@ -242,8 +333,14 @@ def test_server_still_serves_after_fuzz(client, served):
 
 def test_n_choices_share_the_prompt_blocks(client):
     prompt = "choices share one prompt's blocks in the ledger " * 5
-    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, n=3,
-                                    temperature=0, extra_body={"cache_salt": "n-test"})
+    out = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=2,
+        n=3,
+        temperature=0,
+        extra_body={"cache_salt": "n-test"},
+    )
     assert len(out.choices) == 3
     # The first choice computes the prompt; the others hit its full blocks.
     assert out.usage.prompt_tokens_details.cached_tokens >= 16
@@ -251,10 +348,15 @@ def test_n_choices_share_the_prompt_blocks(client):
 
 def test_multibyte_text_streams_exactly_as_it_completes(client):
     prompt = "東京 🎉 café naïve — 漢字 and emoji 😀 "
-    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, echo=True,
-                  extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=24,
+        temperature=0,
+        echo=True,
+        extra_body={"ignore_eos": True},
+    )
     full = client.completions.create(**kwargs).choices[0].text
-    streamed = "".join(c.choices[0].text
-                       for c in client.completions.create(**kwargs, stream=True))
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**kwargs, stream=True))
     assert streamed == full
     assert "\ufffd" not in full

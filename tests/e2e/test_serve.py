@@ -31,10 +31,12 @@ def wait_idle(served, timeout: float = 5.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         samples = scrape(served.scheduler_metrics_url)
-        busy = (metric_sum(samples, "kvledger_kv_blocks_in_use") +
-                metric_sum(samples, "kvledger_tracker_entries") +
-                metric_sum(samples, "kvledger_num_requests_running") +
-                metric_sum(samples, "kvledger_num_requests_waiting"))
+        busy = (
+            metric_sum(samples, "kvledger_kv_blocks_in_use")
+            + metric_sum(samples, "kvledger_tracker_entries")
+            + metric_sum(samples, "kvledger_num_requests_running")
+            + metric_sum(samples, "kvledger_num_requests_waiting")
+        )
         if busy == 0 or time.monotonic() > deadline:
             return samples
         time.sleep(0.05)
@@ -46,8 +48,7 @@ def test_models_lists_tiny_llama(client):
 
 
 def test_completion_shape_and_usage(client, served):
-    out = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=12,
-                                    temperature=0)
+    out = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=12, temperature=0)
     assert out.object == "text_completion"
     assert out.model == "tiny-llama"
     assert len(out.choices) == 1
@@ -66,8 +67,7 @@ def test_completion_shape_and_usage(client, served):
 def test_streamed_text_equals_non_streamed(client):
     kwargs = dict(model="tiny-llama", prompt=PROMPT, max_tokens=24, temperature=0)
     full = client.completions.create(**kwargs, extra_body={"ignore_eos": True})
-    chunks = list(client.completions.create(**kwargs, stream=True,
-                                            extra_body={"ignore_eos": True}))
+    chunks = list(client.completions.create(**kwargs, stream=True, extra_body={"ignore_eos": True}))
     assert all(c.object == "text_completion" for c in chunks)
     assert all(c.choices[0].text for c in chunks[:-1]), "no empty chunk before the last"
     assert chunks[-1].choices[0].finish_reason == "length"
@@ -76,9 +76,17 @@ def test_streamed_text_equals_non_streamed(client):
 
 
 def test_stream_include_usage(client):
-    chunks = list(client.completions.create(
-        model="tiny-llama", prompt=PROMPT, max_tokens=5, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.completions.create(
+            model="tiny-llama",
+            prompt=PROMPT,
+            max_tokens=5,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert all(c.usage is None for c in chunks[:-1])
     assert chunks[-1].choices == []
     assert chunks[-1].usage.completion_tokens == 5
@@ -86,10 +94,12 @@ def test_stream_include_usage(client):
 
 def test_second_identical_prompt_hits_the_prefix_cache(client, served):
     prompt = PROMPT * 6  # several full blocks
-    first = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=4,
-                                      temperature=0)
-    second = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=4,
-                                       temperature=0)
+    first = client.completions.create(
+        model="tiny-llama", prompt=prompt, max_tokens=4, temperature=0
+    )
+    second = client.completions.create(
+        model="tiny-llama", prompt=prompt, max_tokens=4, temperature=0
+    )
     assert second.choices[0].text == first.choices[0].text
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= 16 and cached % 16 == 0 and cached < second.usage.prompt_tokens
@@ -102,8 +112,7 @@ def test_bad_requests_get_openai_errors_and_leave_nothing(client, served):
         client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=10**6)
     assert "maximum context length" in str(err.value)
     with pytest.raises(openai.BadRequestError):
-        client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=2,
-                                  temperature=-1)
+        client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=2, temperature=-1)
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="tiny-llama", prompt=[10**9], max_tokens=2)
     ok = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=2)
@@ -131,8 +140,14 @@ def test_stop_leaves_no_process(tmp_path):
 
 
 def test_logprobs_streaming_and_not(client):
-    kwargs = dict(model="tiny-llama", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2,
-                  extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model="tiny-llama",
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0,
+        logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     out = client.completions.create(**kwargs)
     lp = out.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
@@ -141,30 +156,54 @@ def test_logprobs_streaming_and_not(client):
         assert chosen <= 0 and len(top) <= 2
         assert abs(chosen - max(top.values())) < 1e-4, "greedy picks the most likely token"
     chunks = list(client.completions.create(**kwargs, stream=True))
-    streamed = [t for c in chunks if c.choices[0].logprobs
-                for t in c.choices[0].logprobs.token_logprobs]
+    streamed = [
+        t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.token_logprobs
+    ]
     assert streamed == pytest.approx(lp.token_logprobs, abs=1e-5)
 
 
 def test_seeded_sampling_repeats_and_penalties_are_accepted(client):
-    kwargs = dict(model="tiny-llama", prompt=PROMPT, max_tokens=12, temperature=1.0,
-                  top_p=0.9, extra_body={"ignore_eos": True, "top_k": 50, "min_p": 0.01})
+    kwargs = dict(
+        model="tiny-llama",
+        prompt=PROMPT,
+        max_tokens=12,
+        temperature=1.0,
+        top_p=0.9,
+        extra_body={"ignore_eos": True, "top_k": 50, "min_p": 0.01},
+    )
     a = client.completions.create(**kwargs, seed=7)
     b = client.completions.create(**kwargs, seed=7)
     assert a.choices[0].text == b.choices[0].text
-    c = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=12,
-                                  temperature=0, presence_penalty=1.5, frequency_penalty=1.0,
-                                  extra_body={"repetition_penalty": 1.3, "ignore_eos": True})
-    plain = client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=12,
-                                      temperature=0, extra_body={"ignore_eos": True})
+    c = client.completions.create(
+        model="tiny-llama",
+        prompt=PROMPT,
+        max_tokens=12,
+        temperature=0,
+        presence_penalty=1.5,
+        frequency_penalty=1.0,
+        extra_body={"repetition_penalty": 1.3, "ignore_eos": True},
+    )
+    plain = client.completions.create(
+        model="tiny-llama",
+        prompt=PROMPT,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert c.choices[0].text != plain.choices[0].text, "penalties change the greedy path"
 
 
 def test_streamed_logprobs_match_with_a_stop_string(client):
-    kwargs = dict(model="tiny-llama", prompt=PROMPT, max_tokens=16, temperature=0, logprobs=1,
-                  extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model="tiny-llama",
+        prompt=PROMPT,
+        max_tokens=16,
+        temperature=0,
+        logprobs=1,
+        extra_body={"ignore_eos": True},
+    )
     text = client.completions.create(**kwargs).choices[0].text
-    stop = text[len(text) // 2: len(text) // 2 + 5]
+    stop = text[len(text) // 2 : len(text) // 2 + 5]
     full = client.completions.create(**kwargs, stop=stop).choices[0]
     chunks = list(client.completions.create(**kwargs, stop=stop, stream=True))
     streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
@@ -195,14 +234,25 @@ class PromptReference:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0].float()
-        return cls(ids, [tokenizer.decode([t], skip_special_tokens=False) for t in ids],
-                   tokenizer.decode(ids), torch.log_softmax(logits, dim=-1))
+        return cls(
+            ids,
+            [tokenizer.decode([t], skip_special_tokens=False) for t in ids],
+            tokenizer.decode(ids),
+            torch.log_softmax(logits, dim=-1),
+        )
 
 
 def test_echo_with_logprobs_scores_the_prompt_without_the_cache(client):
     prompt = PROMPT * 4  # several full blocks, so a cache hit would show
-    kwargs = dict(model="tiny-llama", prompt=prompt, max_tokens=3, temperature=0, logprobs=2,
-                  echo=True, extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model="tiny-llama",
+        prompt=prompt,
+        max_tokens=3,
+        temperature=0,
+        logprobs=2,
+        echo=True,
+        extra_body={"ignore_eos": True},
+    )
     client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=1)  # caches it
     out = client.completions.create(**kwargs)
     ref = PromptReference.of(prompt)
@@ -214,21 +264,22 @@ def test_echo_with_logprobs_scores_the_prompt_without_the_cache(client):
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     want = ref.logprobs[torch.arange(n - 1), torch.tensor(ref.ids[1:])].tolist()
     assert lp.token_logprobs[1:n] == pytest.approx(want, abs=1e-4)
-    for top, row in zip(lp.top_logprobs[1:n], ref.logprobs[:n - 1], strict=True):
+    for top, row in zip(lp.top_logprobs[1:n], ref.logprobs[: n - 1], strict=True):
         assert len(top) <= 2 and max(top.values()) == pytest.approx(row.max().item(), abs=1e-4)
     # The last prompt position predicts the first generated token (greedy: the likeliest).
     assert lp.token_logprobs[n] == pytest.approx(ref.logprobs[n - 1].max().item(), abs=1e-4)
     # Offsets count from the start of the echoed text; the completion starts where it ends.
     assert choice.text.startswith(ref.echo) and lp.text_offset[n] == len(ref.echo)
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
-    second = choice.text[lp.text_offset[1]:lp.text_offset[2]]
+    second = choice.text[lp.text_offset[1] : lp.text_offset[2]]
     assert second.strip() == lp.tokens[1]
     # Never served from the cache, not even on a repeat of a prompt the cache holds.
     assert out.usage.prompt_tokens_details.cached_tokens == 0
     again = client.completions.create(**kwargs)
     assert again.usage.prompt_tokens_details.cached_tokens == 0
     assert again.choices[0].logprobs.token_logprobs[1:] == pytest.approx(
-        lp.token_logprobs[1:], abs=1e-5)
+        lp.token_logprobs[1:], abs=1e-5
+    )
     plain = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=1)
     assert plain.usage.prompt_tokens_details.cached_tokens >= 16, "the cache held the prompt"
     # Streaming gives the same entries, the prompt's with the echoed prompt.
@@ -254,11 +305,12 @@ def test_echo_with_max_tokens_0_scores_the_prompt_alone(client):
     assert lp.text_offset == scored.text_offset[:n]
     assert lp.token_logprobs[0] is None
     assert lp.token_logprobs[1:] == pytest.approx(scored.token_logprobs[1:n], abs=1e-5)
-    assert choice.text == generated.text[:scored.text_offset[n]], "the echoed prompt alone"
+    assert choice.text == generated.text[: scored.text_offset[n]], "the echoed prompt alone"
     chunks = list(client.completions.create(**kwargs, max_tokens=0, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == choice.text
-    assert [t for c in chunks if c.choices[0].logprobs
-            for t in c.choices[0].logprobs.tokens] == lp.tokens
+    assert [
+        t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens
+    ] == lp.tokens
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="tiny-llama", prompt=PROMPT, max_tokens=0)
 
@@ -270,11 +322,23 @@ def test_sigterm_during_startup_stops_everything(tmp_path):
 
     from tests.serving import REPO, descendants, free_port
 
-    cmd = [sys.executable, "-m", "kvledger.cli", "serve", "--port", str(free_port()),
-           "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
-           "--embedding-model", "none", "--require-model", "never-served"]
-    process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvledger.cli",
+        "serve",
+        "--port",
+        str(free_port()),
+        "--grpc-port",
+        str(free_port()),
+        "--metrics-port",
+        str(free_port()),
+        "--embedding-model",
+        "none",
+        "--require-model",
+        "never-served",
+    ]
+    process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while len(descendants(process.pid)) < 3:
         assert time.monotonic() < deadline, "services never started"

@@ -30,8 +30,7 @@ EOS = 999
 
 class PositionRunner:
     def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
-        return [100 + (c.start_pos + len(c.token_ids)) % 800 if c.sample else None
-                for c in chunks]
+        return [100 + (c.start_pos + len(c.token_ids)) % 800 if c.sample else None for c in chunks]
 
 
 class ScoringRunner(PositionRunner):
@@ -42,29 +41,50 @@ class ScoringRunner(PositionRunner):
 
     def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
         self.num_scored += sum(c.num_prompt_scored for c in chunks)
-        return [self._one(c, token) for c, token in zip(chunks, super().execute(chunks),
-                                                         strict=True)]
+        return [
+            self._one(c, token) for c, token in zip(chunks, super().execute(chunks), strict=True)
+        ]
 
     @staticmethod
     def _one(chunk: SeqChunk, token: int | None) -> Sample | None:
         count, start = chunk.num_prompt_scored, chunk.start_pos + 1
-        prompt = PromptLogprobs(start, list(chunk.all_token_ids[start:start + count]),
-                                [TokenLogprobs(-p / 100, [], []) for p in
-                                 range(start, start + count)]) if count else None
+        prompt = (
+            PromptLogprobs(
+                start,
+                list(chunk.all_token_ids[start : start + count]),
+                [TokenLogprobs(-p / 100, [], []) for p in range(start, start + count)],
+            )
+            if count
+            else None
+        )
         if token is None and prompt is None:
             return None
         return Sample(-1 if token is None else token, prompt_logprobs=prompt)
 
 
 class Worker:
-    def __init__(self, target: str, worker_id: str, num_blocks: int = 64,
-                 vocab_size: int = VOCAB, runner: Runner | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        worker_id: str,
+        num_blocks: int = 64,
+        vocab_size: int = VOCAB,
+        runner: Runner | None = None,
+    ) -> None:
         reg = worker_pb2.Registration(
-            worker_id=worker_id, model_name="m", model_path="/nonexistent",
-            kind=frontend_pb2.MODEL_KIND_GENERATE, block_size=4, num_blocks=num_blocks,
-            max_model_len=256, vocab_size=vocab_size, eos_token_ids=[EOS])
-        self.client = WorkerLinkClient(target, reg, Executor(runner or PositionRunner()),
-                                       WorkerMetrics("m", worker_id))
+            worker_id=worker_id,
+            model_name="m",
+            model_path="/nonexistent",
+            kind=frontend_pb2.MODEL_KIND_GENERATE,
+            block_size=4,
+            num_blocks=num_blocks,
+            max_model_len=256,
+            vocab_size=vocab_size,
+            eos_token_ids=[EOS],
+        )
+        self.client = WorkerLinkClient(
+            target, reg, Executor(runner or PositionRunner()), WorkerMetrics("m", worker_id)
+        )
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -87,8 +107,11 @@ def scheduler():
 def running_scheduler(*extra: str):
     loop = asyncio.new_event_loop()
     port = free_port()
-    args = parse(SCHEDULER, ["--grpc-port", str(port), "--debug-invariants",
-                             "--max-num-batched-tokens", "64", *extra], "t")
+    args = parse(
+        SCHEDULER,
+        ["--grpc-port", str(port), "--debug-invariants", "--max-num-batched-tokens", "64", *extra],
+        "t",
+    )
     server, engine, _ = loop.run_until_complete(start(args, metrics=False))
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -115,19 +138,25 @@ async def _as_coro(fn, *a):  # noqa: ANN001, ANN202
 
 def wait_for(predicate, timeout: float = 10.0) -> None:  # noqa: ANN001
     import time
+
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
 
 
-def generate(target: str, rid: str, prompt: list[int], max_tokens: int,
-             **kw) -> Iterator[frontend_pb2.GenerateResponse]:
+def generate(
+    target: str, rid: str, prompt: list[int], max_tokens: int, **kw
+) -> Iterator[frontend_pb2.GenerateResponse]:
     channel = grpc.insecure_channel(target)
     stub = frontend_pb2_grpc.SchedulerStub(channel)
     req = frontend_pb2.GenerateRequest(
-        request_id=rid, model="m", prompt_token_ids=prompt,
-        stop=frontend_pb2.StopCriteria(max_tokens=max_tokens, ignore_eos=True), **kw)
+        request_id=rid,
+        model="m",
+        prompt_token_ids=prompt,
+        stop=frontend_pb2.StopCriteria(max_tokens=max_tokens, ignore_eos=True),
+        **kw,
+    )
     return stub.Generate(req)
 
 
@@ -138,6 +167,7 @@ def ledger_idle(scheduler) -> bool:  # noqa: ANN001
             if snap.blocks_in_use or snap.tracker_entries or link.scheduler.has_unfinished():
                 return False
         return not scheduler.engine.requests
+
     return scheduler.call(check)
 
 
@@ -149,8 +179,9 @@ def test_generate_streams_every_token_and_frees_everything(scheduler):
     worker = Worker(scheduler.target, "w0")
     try:
         wait_for(lambda: scheduler.engine.links)
-        out = [t for r in generate(scheduler.target, "r1", list(range(1, 11)), 7)
-               for t in r.token_ids]
+        out = [
+            t for r in generate(scheduler.target, "r1", list(range(1, 11)), 7) for t in r.token_ids
+        ]
         assert out == expected_tokens(10, 7)
         wait_for(lambda: ledger_idle(scheduler))
     finally:
@@ -251,8 +282,9 @@ def scoring(top: int = 0) -> frontend_pb2.SamplingParams:
     return frontend_pb2.SamplingParams(logprobs=-1, prompt_logprobs=top)
 
 
-def collect(stream: Iterator[frontend_pb2.GenerateResponse]
-            ) -> tuple[list[int], list[frontend_pb2.TokenLogprob], int]:
+def collect(
+    stream: Iterator[frontend_pb2.GenerateResponse],
+) -> tuple[list[int], list[frontend_pb2.TokenLogprob], int]:
     """Tokens, prompt logprobs, and the response index of the first token."""
     tokens: list[int] = []
     prompt: list[frontend_pb2.TokenLogprob] = []
@@ -268,8 +300,7 @@ def collect(stream: Iterator[frontend_pb2.GenerateResponse]
 
 def assert_scored_once(prompt_ids: list[int], got: list[frontend_pb2.TokenLogprob]) -> None:
     assert [e.token_id for e in got] == prompt_ids[1:]
-    assert [e.logprob for e in got] == pytest.approx([-p / 100 for p in
-                                                      range(1, len(prompt_ids))])
+    assert [e.logprob for e in got] == pytest.approx([-p / 100 for p in range(1, len(prompt_ids))])
 
 
 def test_prompt_logprobs_of_a_chunked_prefill_arrive_once_across_preemption():
@@ -283,13 +314,15 @@ def test_prompt_logprobs_of_a_chunked_prefill_arrive_once_across_preemption():
             next(first)
             prompt = list(range(200, 300))
             tokens, got, first_token_at = collect(
-                generate(scheduler.target, "b", prompt, 20, sampling=scoring()))
+                generate(scheduler.target, "b", prompt, 20, sampling=scoring())
+            )
             assert tokens == expected_tokens(100, 20)
             assert first_token_at == 0, "every prompt logprob comes with the first token"
             assert_scored_once(prompt, got)
             assert [t for r in first for t in r.token_ids] == expected_tokens(20, 60)[1:]
             preemptions = scheduler.call(
-                lambda: scheduler.engine.links["w0"].scheduler.stats.preemptions)
+                lambda: scheduler.engine.links["w0"].scheduler.stats.preemptions
+            )
             assert preemptions >= 1, "the test must preempt to mean anything"
             wait_for(lambda: ledger_idle(scheduler))
         finally:

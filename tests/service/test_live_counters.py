@@ -36,8 +36,11 @@ def collect(target: str, rid: str, prompt: list[int], max_tokens: int, out: dict
 def test_eviction_of_a_waiting_requests_prefix_is_a_counted_stale_entry():
     loop = asyncio.new_event_loop()
     port, metrics_port = free_port(), free_port()
-    args = parse(SCHEDULER, ["--grpc-port", str(port), "--metrics-port", str(metrics_port),
-                             "--debug-invariants"], "t")
+    args = parse(
+        SCHEDULER,
+        ["--grpc-port", str(port), "--metrics-port", str(metrics_port), "--debug-invariants"],
+        "t",
+    )
     server, engine, _ = loop.run_until_complete(start(args, metrics=True))
     threading.Thread(target=loop.run_forever, daemon=True).start()
     target, url = f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
@@ -54,8 +57,7 @@ def test_eviction_of_a_waiting_requests_prefix_is_a_counted_stale_entry():
         c = threading.Thread(target=collect, args=(target, "C", list(range(100, 115)), 5, out))
         c.start()
         assert gate.reached.wait(10)
-        b = threading.Thread(target=collect, args=(target, "B", shared + [21, 22, 23, 24], 2,
-                                                   out))
+        b = threading.Thread(target=collect, args=(target, "B", shared + [21, 22, 23, 24], 2, out))
         b.start()
         wait_for(lambda: "B" in engine.requests)  # its lookup (8 cached tokens) is taken
         gate.release.set()
@@ -64,8 +66,9 @@ def test_eviction_of_a_waiting_requests_prefix_is_a_counted_stale_entry():
         assert len(out["C"]) == 5 and len(out["B"]) == 2
         samples = scrape(url)
         assert metric_sum(samples, "kvledger_tracker_stale_entries_total", source="eviction") == 1
-        assert metric_sum(samples, "kvledger_tracker_entries_released_total",
-                          reason="no_blocks") >= 1
+        assert (
+            metric_sum(samples, "kvledger_tracker_entries_released_total", reason="no_blocks") >= 1
+        )
         assert metric_sum(samples, "kvledger_kv_block_evictions_total") >= 1
         hits = metric_sum(samples, "kvledger_prefix_cache_hits_total")
         queries = metric_sum(samples, "kvledger_prefix_cache_queries_total")

@@ -49,5 +49,3 @@ def tiny_llama_dir(kv_cache_dir: Path) -> Path:
     from kvledger.models import resolve_model
 
     return resolve_model("tiny-llama")
-
-

@@ -20,13 +20,31 @@ import torch
 calls = {"varlen": 0, "kvcache": 0}
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           dropout_p=0.0, softmax_scale=None, causal=False,
-                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+):
     calls["varlen"] += 1
-    _unsupported(dropout_p=dropout_p, softcap=softcap, alibi_slopes=alibi_slopes,
-                 return_attn_probs=return_attn_probs)
+    _unsupported(
+        dropout_p=dropout_p,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        return_attn_probs=return_attn_probs,
+    )
     assert q.dim() == 3 and q.dtype == k.dtype == v.dtype
     assert cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32
     batch = cu_seqlens_q.numel() - 1
@@ -43,22 +61,46 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         if paged:
             keys, values = (_gather(x, block_table[b], seqlen_k) for x in (k, v))
         else:
-            keys, values = k[cu_k[b]:cu_k[b + 1]], v[cu_k[b]:cu_k[b + 1]]
-        out[cu_q[b]:cu_q[b + 1]] = attend(q[cu_q[b]:cu_q[b + 1]], keys, values, scale, causal,
-                                          window_size)
+            keys, values = k[cu_k[b] : cu_k[b + 1]], v[cu_k[b] : cu_k[b + 1]]
+        out[cu_q[b] : cu_q[b + 1]] = attend(
+            q[cu_q[b] : cu_q[b + 1]], keys, values, scale, causal, window_size
+        )
     return out
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
-                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
-                            cache_leftpad=None, block_table=None, softmax_scale=None,
-                            causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False):
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+):
     calls["kvcache"] += 1
-    _unsupported(k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                 cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, softcap=softcap,
-                 alibi_slopes=alibi_slopes, return_softmax_lse=return_softmax_lse)
+    _unsupported(
+        k=k,
+        v=v,
+        rotary_cos=rotary_cos,
+        rotary_sin=rotary_sin,
+        cache_batch_idx=cache_batch_idx,
+        cache_leftpad=cache_leftpad,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        return_softmax_lse=return_softmax_lse,
+    )
     assert q.dim() == 4 and q.dtype == k_cache.dtype == v_cache.dtype
     batch = q.shape[0]
     if isinstance(cache_seqlens, int):
@@ -77,8 +119,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     return out
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
-           window_size: tuple[int, int]) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    causal: bool,
+    window_size: tuple[int, int],
+) -> torch.Tensor:
     """One sequence: q [sq, H, D], k/v [sk, Hk, D] -> [sq, H, D]."""
     heads, kv_heads = q.shape[1], k.shape[1]
     assert heads % kv_heads == 0
@@ -91,8 +139,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, caus
     return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
 
 
-def visibility(seqlen_q: int, seqlen_k: int, causal: bool,
-               window_size: tuple[int, int]) -> torch.Tensor:
+def visibility(
+    seqlen_q: int, seqlen_k: int, causal: bool, window_size: tuple[int, int]
+) -> torch.Tensor:
     """[sq, sk] bool, aligned to the bottom-right corner."""
     i = torch.arange(seqlen_q).view(-1, 1) + seqlen_k - seqlen_q
     j = torch.arange(seqlen_k).view(1, -1)
@@ -114,8 +163,7 @@ def _gather(cache: torch.Tensor, table: torch.Tensor, seqlen: int) -> torch.Tens
     return cache[table[:needed].long()].flatten(0, 1)[:seqlen]
 
 
-def _check_paged(k: torch.Tensor, v: torch.Tensor, block_table: torch.Tensor,
-                 batch: int) -> None:
+def _check_paged(k: torch.Tensor, v: torch.Tensor, block_table: torch.Tensor, batch: int) -> None:
     assert k.dim() == 4 and k.shape == v.shape, "paged K/V: [num_blocks, block, heads, dim]"
     assert block_table.dtype == torch.int32, "block_table must have dtype torch.int32"
     assert block_table.dim() == 2 and block_table.shape[0] == batch

@@ -69,7 +69,8 @@ def test_registration_facts(minilm: EmbeddingRunner) -> None:
 
 
 def test_matches_sentence_transformers_batched_and_alone(
-        minilm: EmbeddingRunner, token_ids: list[list[int]], reference: torch.Tensor) -> None:
+    minilm: EmbeddingRunner, token_ids: list[list[int]], reference: torch.Tensor
+) -> None:
     assert len(token_ids[4]) > 128
     batched = torch.tensor(minilm.embed(items(token_ids)))
     alone = torch.tensor([minilm.embed(items([t]))[0] for t in token_ids])
@@ -79,9 +80,9 @@ def test_matches_sentence_transformers_batched_and_alone(
         torch.testing.assert_close(ours.norm(dim=1), torch.ones(len(SENTENCES)))
 
 
-def test_dimensions_truncate_then_renormalize(minilm: EmbeddingRunner,
-                                              token_ids: list[list[int]],
-                                              reference: torch.Tensor) -> None:
+def test_dimensions_truncate_then_renormalize(
+    minilm: EmbeddingRunner, token_ids: list[list[int]], reference: torch.Tensor
+) -> None:
     got = torch.tensor(minilm.embed(items(token_ids, dimensions=64)))
     assert got.shape == (len(SENTENCES), 64)
     expected = F.normalize(reference[:, :64], dim=1)
@@ -89,8 +90,9 @@ def test_dimensions_truncate_then_renormalize(minilm: EmbeddingRunner,
     torch.testing.assert_close(got.norm(dim=1), torch.ones(len(SENTENCES)))
 
 
-def test_normalize_off_returns_the_pooled_vector(minilm: EmbeddingRunner,
-                                                 token_ids: list[list[int]]) -> None:
+def test_normalize_off_returns_the_pooled_vector(
+    minilm: EmbeddingRunner, token_ids: list[list[int]]
+) -> None:
     raw = torch.tensor(minilm.embed(items(token_ids[:2], normalize=False, dimensions=8)))
     full = torch.tensor(minilm.embed(items(token_ids[:2], normalize=False)))
     assert (full.norm(dim=1) - 1).abs().min().item() > 0.1  # mean pooling is not unit length
@@ -106,10 +108,15 @@ def test_pooling_modes() -> None:
 
 
 def st_dir(tmp_path: Path, pooling: dict, extra: list[dict] | None = None) -> Path:
-    modules = [{"idx": 0, "name": "0", "path": "",
-                "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling",
-                "type": "sentence_transformers.models.Pooling"}] + (extra or [])
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ] + (extra or [])
     tmp_path.mkdir(exist_ok=True)
     (tmp_path / "modules.json").write_text(json.dumps(modules))
     (tmp_path / "1_Pooling").mkdir()
@@ -120,26 +127,49 @@ def st_dir(tmp_path: Path, pooling: dict, extra: list[dict] | None = None) -> Pa
 def test_pooling_config_from_sentence_transformers(tmp_path: Path) -> None:
     default = PoolingConfig("cls", True)
     assert PoolingConfig.from_dir(tmp_path, default) == default  # no modules.json
-    cls_dir = st_dir(tmp_path / "a", {"pooling_mode_cls_token": True,
-                                      "pooling_mode_mean_tokens": False})
+    cls_dir = st_dir(
+        tmp_path / "a", {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}
+    )
     assert PoolingConfig.from_dir(cls_dir, default) == PoolingConfig("cls", False)
-    last = st_dir(tmp_path / "b", {"pooling_mode_lasttoken": True}, [
-        {"idx": 2, "name": "2", "path": "2_Normalize",
-         "type": "sentence_transformers.models.Normalize"}])
+    last = st_dir(
+        tmp_path / "b",
+        {"pooling_mode_lasttoken": True},
+        [
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        ],
+    )
     assert PoolingConfig.from_dir(last, default) == PoolingConfig("last", True)
     named = st_dir(tmp_path / "c", {"pooling_mode": "mean"})
     assert PoolingConfig.from_dir(named, default).mode == "mean"
 
 
-@pytest.mark.parametrize(("pooling", "extra", "message"), [
-    ({"pooling_mode_max_tokens": True}, None, "pooling_mode_max_tokens"),
-    ({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True}, None, "not supported"),
-    ({"pooling_mode_mean_tokens": True},
-     [{"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}],
-     "Dense"),
-])
-def test_pooling_config_refuses_clearly(tmp_path: Path, pooling: dict, extra: list | None,
-                                        message: str) -> None:
+@pytest.mark.parametrize(
+    ("pooling", "extra", "message"),
+    [
+        ({"pooling_mode_max_tokens": True}, None, "pooling_mode_max_tokens"),
+        ({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True}, None, "not supported"),
+        (
+            {"pooling_mode_mean_tokens": True},
+            [
+                {
+                    "idx": 2,
+                    "name": "2",
+                    "path": "2_Dense",
+                    "type": "sentence_transformers.models.Dense",
+                }
+            ],
+            "Dense",
+        ),
+    ],
+)
+def test_pooling_config_refuses_clearly(
+    tmp_path: Path, pooling: dict, extra: list | None, message: str
+) -> None:
     with pytest.raises(UnsupportedModelError, match=message):
         PoolingConfig.from_dir(st_dir(tmp_path, pooling, extra), PoolingConfig("cls", True))
 
@@ -164,28 +194,38 @@ def test_decoder_embeds_with_last_token_pooling(hf_checkpoint, name: str) -> Non
 
 # ---- the executor's embedding path ------------------------------------------------------
 
-def embed_request(rid: str, tokens: list[int], dimensions: int = 0, scheduled: int | None = None
-                  ) -> worker_pb2.NewRequest:
+
+def embed_request(
+    rid: str, tokens: list[int], dimensions: int = 0, scheduled: int | None = None
+) -> worker_pb2.NewRequest:
     return worker_pb2.NewRequest(
-        request_id=rid, token_ids=tokens, num_computed_tokens=0,
+        request_id=rid,
+        token_ids=tokens,
+        num_computed_tokens=0,
         num_scheduled_tokens=len(tokens) if scheduled is None else scheduled,
         num_prompt_tokens=len(tokens),
-        embed=worker_pb2.EmbedParams(normalize=True, dimensions=dimensions))
+        embed=worker_pb2.EmbedParams(normalize=True, dimensions=dimensions),
+    )
 
 
 def test_executor_returns_embeddings_and_per_request_errors(
-        minilm: EmbeddingRunner, token_ids: list[list[int]], reference: torch.Tensor) -> None:
+    minilm: EmbeddingRunner, token_ids: list[list[int]], reference: torch.Tensor
+) -> None:
     ex = Executor(minilm)
-    plan = worker_pb2.Plan(step_id=3, new_requests=[
-        embed_request("a", token_ids[2]),
-        embed_request("bad-token", [101, 30522, 102]),
-        embed_request("b", token_ids[0], dimensions=32),
-        embed_request("too-long", [101] * 257),
-        embed_request("dims", token_ids[1], dimensions=385),
-        embed_request("split", token_ids[3], scheduled=4),
-        worker_pb2.NewRequest(request_id="gen", token_ids=[101, 7592], num_scheduled_tokens=2,
-                              num_prompt_tokens=2),
-    ])
+    plan = worker_pb2.Plan(
+        step_id=3,
+        new_requests=[
+            embed_request("a", token_ids[2]),
+            embed_request("bad-token", [101, 30522, 102]),
+            embed_request("b", token_ids[0], dimensions=32),
+            embed_request("too-long", [101] * 257),
+            embed_request("dims", token_ids[1], dimensions=385),
+            embed_request("split", token_ids[3], scheduled=4),
+            worker_pb2.NewRequest(
+                request_id="gen", token_ids=[101, 7592], num_scheduled_tokens=2, num_prompt_tokens=2
+            ),
+        ],
+    )
     result = ex.step(plan)
     got = {e.request_id: torch.tensor(list(e.values)) for e in result.embeddings}
     assert sorted(got) == ["a", "b"]

@@ -25,25 +25,46 @@ def bh(block_id: int, tag: bytes) -> worker_pb2.BlockHash:
     return worker_pb2.BlockHash(block_id=block_id, hash=tag)
 
 
-def new_request(rid: str, tokens: list[int], blocks: list[int], computed: int, scheduled: int,
-                claimed=(), written=()) -> worker_pb2.NewRequest:
-    return worker_pb2.NewRequest(request_id=rid, token_ids=tokens, block_ids=blocks,
-                                 num_computed_tokens=computed, num_scheduled_tokens=scheduled,
-                                 num_prompt_tokens=len(tokens), claimed=list(claimed),
-                                 written=list(written))
+def new_request(
+    rid: str,
+    tokens: list[int],
+    blocks: list[int],
+    computed: int,
+    scheduled: int,
+    claimed=(),
+    written=(),
+) -> worker_pb2.NewRequest:
+    return worker_pb2.NewRequest(
+        request_id=rid,
+        token_ids=tokens,
+        block_ids=blocks,
+        num_computed_tokens=computed,
+        num_scheduled_tokens=scheduled,
+        num_prompt_tokens=len(tokens),
+        claimed=list(claimed),
+        written=list(written),
+    )
 
 
 def test_prefill_then_decode_follows_plan_deltas():
     runner = RecordingRunner()
     ex = Executor(runner)
-    plan = worker_pb2.Plan(step_id=1, new_requests=[
-        new_request("a", list(range(6)), [7, 8], 0, 6, written=[bh(7, b"h0")])])
+    plan = worker_pb2.Plan(
+        step_id=1,
+        new_requests=[new_request("a", list(range(6)), [7, 8], 0, 6, written=[bh(7, b"h0")])],
+    )
     result = ex.step(plan)
     assert [(s.request_id, s.token_id) for s in result.sampled] == [("a", 6)]
     assert [(b.block_id, b.hash) for b in result.stored] == [(7, b"h0")]
     assert runner.calls[0][0].token_ids == list(range(6))
-    plan = worker_pb2.Plan(step_id=2, continuing=[worker_pb2.ContinueRequest(
-        request_id="a", new_block_ids=[], num_computed_tokens=6, num_scheduled_tokens=1)])
+    plan = worker_pb2.Plan(
+        step_id=2,
+        continuing=[
+            worker_pb2.ContinueRequest(
+                request_id="a", new_block_ids=[], num_computed_tokens=6, num_scheduled_tokens=1
+            )
+        ],
+    )
     result = ex.step(plan)
     chunk = runner.calls[1][0]
     assert (chunk.token_ids, chunk.start_pos, chunk.block_table) == ([6], 6, [7, 8])
@@ -55,20 +76,35 @@ def test_prefill_then_decode_follows_plan_deltas():
 def test_chunked_prefill_samples_only_at_the_end_of_the_prompt():
     runner = RecordingRunner()
     ex = Executor(runner)
-    result = ex.step(worker_pb2.Plan(new_requests=[
-        new_request("a", list(range(10)), [1, 2], 0, 4)]))
+    result = ex.step(
+        worker_pb2.Plan(new_requests=[new_request("a", list(range(10)), [1, 2], 0, 4)])
+    )
     assert not result.sampled and runner.calls[0][0].sample is False
-    result = ex.step(worker_pb2.Plan(continuing=[worker_pb2.ContinueRequest(
-        request_id="a", num_computed_tokens=4, num_scheduled_tokens=6)]))
+    result = ex.step(
+        worker_pb2.Plan(
+            continuing=[
+                worker_pb2.ContinueRequest(
+                    request_id="a", num_computed_tokens=4, num_scheduled_tokens=6
+                )
+            ]
+        )
+    )
     assert [s.token_id for s in result.sampled] == [10]
 
 
 def test_claimed_block_with_matching_provenance_is_read():
     ex = Executor(RecordingRunner())
-    ex.step(worker_pb2.Plan(new_requests=[
-        new_request("a", list(range(4)), [3], 0, 4, written=[bh(3, b"x")])]))
-    result = ex.step(worker_pb2.Plan(dropped_request_ids=["a"], new_requests=[
-        new_request("b", list(range(6)), [3, 4], 4, 2, claimed=[bh(3, b"x")])]))
+    ex.step(
+        worker_pb2.Plan(
+            new_requests=[new_request("a", list(range(4)), [3], 0, 4, written=[bh(3, b"x")])]
+        )
+    )
+    result = ex.step(
+        worker_pb2.Plan(
+            dropped_request_ids=["a"],
+            new_requests=[new_request("b", list(range(6)), [3, 4], 4, 2, claimed=[bh(3, b"x")])],
+        )
+    )
     assert not result.stale_request_ids and not result.removed_block_ids
     assert [s.request_id for s in result.sampled] == ["b"]
     assert ex.counters.stale_block_hits == 0
@@ -77,10 +113,16 @@ def test_claimed_block_with_matching_provenance_is_read():
 def test_claimed_block_with_other_content_is_refused_and_reported():
     runner = RecordingRunner()
     ex = Executor(runner)
-    ex.step(worker_pb2.Plan(new_requests=[
-        new_request("a", list(range(4)), [3], 0, 4, written=[bh(3, b"x")])]))
-    result = ex.step(worker_pb2.Plan(new_requests=[
-        new_request("b", list(range(6)), [3, 4], 4, 2, claimed=[bh(3, b"y")])]))
+    ex.step(
+        worker_pb2.Plan(
+            new_requests=[new_request("a", list(range(4)), [3], 0, 4, written=[bh(3, b"x")])]
+        )
+    )
+    result = ex.step(
+        worker_pb2.Plan(
+            new_requests=[new_request("b", list(range(6)), [3, 4], 4, 2, claimed=[bh(3, b"y")])]
+        )
+    )
     assert list(result.stale_request_ids) == ["b"]
     assert list(result.removed_block_ids) == [3]
     assert not result.sampled and "b" not in ex.seqs
@@ -91,26 +133,40 @@ def test_claimed_block_with_other_content_is_refused_and_reported():
 
 def test_reused_block_loses_its_provenance_before_it_is_overwritten():
     ex = Executor(RecordingRunner())
-    ex.step(worker_pb2.Plan(new_requests=[
-        new_request("a", list(range(4)), [3], 0, 4, written=[bh(3, b"x")])]))
+    ex.step(
+        worker_pb2.Plan(
+            new_requests=[new_request("a", list(range(4)), [3], 0, 4, written=[bh(3, b"x")])]
+        )
+    )
     # Block 3 handed to another request as a fresh block: its old content is going away.
-    ex.step(worker_pb2.Plan(dropped_request_ids=["a"], new_requests=[
-        new_request("c", [9, 9], [3], 0, 2)]))
+    ex.step(
+        worker_pb2.Plan(
+            dropped_request_ids=["a"], new_requests=[new_request("c", [9, 9], [3], 0, 2)]
+        )
+    )
     assert 3 not in ex.provenance
-    result = ex.step(worker_pb2.Plan(dropped_request_ids=["c"], new_requests=[
-        new_request("b", list(range(6)), [3, 4], 4, 2, claimed=[bh(3, b"x")])]))
+    result = ex.step(
+        worker_pb2.Plan(
+            dropped_request_ids=["c"],
+            new_requests=[new_request("b", list(range(6)), [3, 4], 4, 2, claimed=[bh(3, b"x")])],
+        )
+    )
     assert list(result.stale_request_ids) == ["b"]
 
 
 def test_reset_forgets_everything():
     ex = Executor(RecordingRunner())
-    ex.step(worker_pb2.Plan(new_requests=[
-        new_request("a", list(range(4)), [3], 0, 4, written=[bh(3, b"x")])]))
+    ex.step(
+        worker_pb2.Plan(
+            new_requests=[new_request("a", list(range(4)), [3], 0, 4, written=[bh(3, b"x")])]
+        )
+    )
     ex.reset()
     assert ex.seqs == {} and ex.provenance == {}
 
 
 # ---- same-step sharing, per-request failures ---------------------------------------------
+
 
 class LimitedRunner(RecordingRunner):
     """With limits, so the executor validates each chunk; can fail chosen requests' samples."""
@@ -123,19 +179,27 @@ class LimitedRunner(RecordingRunner):
 
     def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
         tokens = super().execute(chunks)
-        return [None if t is None else
-                Sample(error="the model produced NaN or infinite logits")
-                if c.request_id in self.fail else
-                Sample(t, TokenLogprobs(-0.5, [t, 1], [-0.5, -2.0]) if c.logprobs >= 0 else None)
-                for c, t in zip(chunks, tokens, strict=True)]
+        return [
+            None
+            if t is None
+            else Sample(error="the model produced NaN or infinite logits")
+            if c.request_id in self.fail
+            else Sample(t, TokenLogprobs(-0.5, [t, 1], [-0.5, -2.0]) if c.logprobs >= 0 else None)
+            for c, t in zip(chunks, tokens, strict=True)
+        ]
 
 
 def test_a_block_written_in_the_same_step_may_be_claimed():
     runner = LimitedRunner()
     ex = Executor(runner)
-    result = ex.step(worker_pb2.Plan(new_requests=[
-        new_request("a", list(range(6)), [3, 4], 0, 6, written=[bh(3, b"x")]),
-        new_request("b", list(range(4)) + [9, 9], [3, 5], 4, 2, claimed=[bh(3, b"x")])]))
+    result = ex.step(
+        worker_pb2.Plan(
+            new_requests=[
+                new_request("a", list(range(6)), [3, 4], 0, 6, written=[bh(3, b"x")]),
+                new_request("b", list(range(4)) + [9, 9], [3, 5], 4, 2, claimed=[bh(3, b"x")]),
+            ]
+        )
+    )
     assert not result.stale_request_ids and not result.errors
     assert [s.request_id for s in result.sampled] == ["a", "b"]
     assert [c.request_id for c in runner.calls[0]] == ["a", "b"], "one forward pass"
@@ -144,9 +208,14 @@ def test_a_block_written_in_the_same_step_may_be_claimed():
 
 def test_a_same_step_claim_with_another_hash_is_stale():
     ex = Executor(LimitedRunner())
-    result = ex.step(worker_pb2.Plan(new_requests=[
-        new_request("a", list(range(6)), [3, 4], 0, 6, written=[bh(3, b"x")]),
-        new_request("b", list(range(6)), [3, 5], 4, 2, claimed=[bh(3, b"y")])]))
+    result = ex.step(
+        worker_pb2.Plan(
+            new_requests=[
+                new_request("a", list(range(6)), [3, 4], 0, 6, written=[bh(3, b"x")]),
+                new_request("b", list(range(6)), [3, 5], 4, 2, claimed=[bh(3, b"y")]),
+            ]
+        )
+    )
     assert list(result.stale_request_ids) == ["b"]
     assert [s.request_id for s in result.sampled] == ["a"]
 
@@ -154,11 +223,16 @@ def test_a_same_step_claim_with_another_hash_is_stale():
 def test_a_bad_request_fails_alone_and_its_readers_are_recomputed():
     runner = LimitedRunner()
     ex = Executor(runner)
-    result = ex.step(worker_pb2.Plan(new_requests=[
-        new_request("ok", [1, 2, 3], [0], 0, 3),
-        new_request("bad", [1, 2, 3, 100], [3], 0, 4, written=[bh(3, b"x")]),
-        new_request("reader", [1, 2, 3, 100, 7], [3, 6], 4, 1, claimed=[bh(3, b"x")]),
-        new_request("long", [1] * 65, list(range(7, 16)) + [1] * 8, 0, 65)]))
+    result = ex.step(
+        worker_pb2.Plan(
+            new_requests=[
+                new_request("ok", [1, 2, 3], [0], 0, 3),
+                new_request("bad", [1, 2, 3, 100], [3], 0, 4, written=[bh(3, b"x")]),
+                new_request("reader", [1, 2, 3, 100, 7], [3, 6], 4, 1, claimed=[bh(3, b"x")]),
+                new_request("long", [1] * 65, list(range(7, 16)) + [1] * 8, 0, 65),
+            ]
+        )
+    )
     errors = {e.request_id: e.message for e in result.errors}
     assert sorted(errors) == ["bad", "long"]
     assert "vocabulary" in errors["bad"] and "max_model_len" in errors["long"]
@@ -172,9 +246,14 @@ def test_a_bad_request_fails_alone_and_its_readers_are_recomputed():
 
 def test_nan_logits_end_that_request_only():
     ex = Executor(LimitedRunner(fail=frozenset({"b"})))
-    result = ex.step(worker_pb2.Plan(new_requests=[
-        new_request("a", [1, 2, 3, 4], [1], 0, 4, written=[bh(1, b"a")]),
-        new_request("b", [5, 6, 7, 8], [2], 0, 4, written=[bh(2, b"b")])]))
+    result = ex.step(
+        worker_pb2.Plan(
+            new_requests=[
+                new_request("a", [1, 2, 3, 4], [1], 0, 4, written=[bh(1, b"a")]),
+                new_request("b", [5, 6, 7, 8], [2], 0, 4, written=[bh(2, b"b")]),
+            ]
+        )
+    )
     assert [(e.request_id, "NaN" in e.message) for e in result.errors] == [("b", True)]
     assert [s.request_id for s in result.sampled] == ["a"]
     assert [b.block_id for b in result.stored] == [1]
@@ -184,17 +263,33 @@ def test_nan_logits_end_that_request_only():
 def test_sampling_params_reach_the_chunk():
     runner = LimitedRunner()
     ex = Executor(runner)
-    sp = frontend_pb2.SamplingParams(temperature=0.7, top_k=5, min_p=0.1, presence_penalty=0.5,
-                                     frequency_penalty=0.25, repetition_penalty=1.2, seed=11,
-                                     logprobs=2)
+    sp = frontend_pb2.SamplingParams(
+        temperature=0.7,
+        top_k=5,
+        min_p=0.1,
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+        repetition_penalty=1.2,
+        seed=11,
+        logprobs=2,
+    )
     req = new_request("a", [1, 2, 3], [0], 0, 3)
     req.sampling.CopyFrom(sp)
     result = ex.step(worker_pb2.Plan(new_requests=[req]))
     c = runner.calls[0][0]
     assert (c.temperature, c.top_k, c.top_p, c.seed, c.logprobs) == (
-        pytest.approx(0.7), 5, 1.0, 11, 2)
+        pytest.approx(0.7),
+        5,
+        1.0,
+        11,
+        2,
+    )
     assert (c.min_p, c.presence_penalty, c.frequency_penalty, c.repetition_penalty) == (
-        pytest.approx(0.1), 0.5, 0.25, pytest.approx(1.2))
+        pytest.approx(0.1),
+        0.5,
+        0.25,
+        pytest.approx(1.2),
+    )
     lp = result.sampled[0].logprob
     assert (lp.token_id, lp.logprob) == (3, -0.5)
     assert [(t.token_id, t.logprob) for t in lp.top] == [(3, -0.5), (1, -2.0)]
@@ -209,8 +304,7 @@ def test_prompt_and_output_stay_apart_across_preemption():
     runner = LimitedRunner()
     ex = Executor(runner)
     ex.step(worker_pb2.Plan(new_requests=[new_request("a", [1, 2, 3, 4], [0, 1], 0, 4)]))
-    cont = worker_pb2.ContinueRequest(request_id="a", num_computed_tokens=4,
-                                      num_scheduled_tokens=1)
+    cont = worker_pb2.ContinueRequest(request_id="a", num_computed_tokens=4, num_scheduled_tokens=1)
     ex.step(worker_pb2.Plan(continuing=[cont]))
     assert ex.seqs["a"].token_ids == [1, 2, 3, 4, 4, 5]
     # Preempted, then back with every token to date: 4 prompt tokens, 2 outputs.
@@ -220,7 +314,7 @@ def test_prompt_and_output_stay_apart_across_preemption():
     chunk = runner.calls[-1][0]
     assert chunk.num_prompt_tokens == 4
     assert list(chunk.all_token_ids[:4]) == [1, 2, 3, 4]
-    assert list(chunk.all_token_ids[4:chunk.end_pos]) == [4, 5]
+    assert list(chunk.all_token_ids[4 : chunk.end_pos]) == [4, 5]
 
 
 def test_embedding_request_on_a_generating_stand_in_fails_alone():
@@ -234,11 +328,20 @@ def test_embedding_request_on_a_generating_stand_in_fails_alone():
 
 def test_a_failed_step_errors_its_requests_and_forgets_their_blocks():
     ex = Executor(RecordingRunner())
-    ex.step(worker_pb2.Plan(new_requests=[
-        new_request("a", list(range(4)), [3], 0, 4, written=[bh(3, b"x")])]))
-    plan = worker_pb2.Plan(step_id=9, continuing=[worker_pb2.ContinueRequest(
-        request_id="a", num_computed_tokens=4, num_scheduled_tokens=1)], new_requests=[
-        new_request("b", [1, 2], [5], 0, 2)])
+    ex.step(
+        worker_pb2.Plan(
+            new_requests=[new_request("a", list(range(4)), [3], 0, 4, written=[bh(3, b"x")])]
+        )
+    )
+    plan = worker_pb2.Plan(
+        step_id=9,
+        continuing=[
+            worker_pb2.ContinueRequest(
+                request_id="a", num_computed_tokens=4, num_scheduled_tokens=1
+            )
+        ],
+        new_requests=[new_request("b", [1, 2], [5], 0, 2)],
+    )
     result = ex.fail_plan(plan, "boom")
     assert result.step_id == 9
     assert sorted(e.request_id for e in result.errors) == ["a", "b"]

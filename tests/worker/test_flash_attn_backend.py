@@ -44,10 +44,17 @@ def use_backend(runner: ModelRunner, backend: AttentionBackend) -> ModelRunner:
 
 def test_standin_follows_the_documented_masks() -> None:
     """The docstring's examples: causal, aligned to the bottom-right corner."""
-    assert standin.visibility(2, 5, True, (-1, -1)).int().tolist() == [[1, 1, 1, 1, 0],
-                                                                      [1, 1, 1, 1, 1]]
+    assert standin.visibility(2, 5, True, (-1, -1)).int().tolist() == [
+        [1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 1],
+    ]
     assert standin.visibility(5, 2, True, (-1, -1)).int().tolist() == [
-        [0, 0], [0, 0], [0, 0], [1, 0], [1, 1]]
+        [0, 0],
+        [0, 0],
+        [0, 0],
+        [1, 0],
+        [1, 1],
+    ]
     q, k = torch.randn(5, 2, 8), torch.randn(2, 1, 8)
     out = standin.attend(q, k, k, 1.0, True, (-1, -1))
     assert torch.equal(out[:3], torch.zeros(3, 2, 8)), "rows with nothing visible are zero"
@@ -59,8 +66,10 @@ def run_mixed(runner: ModelRunner) -> torch.Tensor:
     """A decode-only step, then one mixed step: a fresh prefill, a chunk over a cached prefix,
     two decodes of different lengths, and a request hitting a block written in this step."""
     bs = runner.block_size
-    prompts = {name: random_tokens(n, 256, seed=60 + i) for i, (name, n) in
-               enumerate([("p", 20), ("c", 45), ("d1", 30), ("d2", 3), ("s", 20)])}
+    prompts = {
+        name: random_tokens(n, 256, seed=60 + i)
+        for i, (name, n) in enumerate([("p", 20), ("c", 45), ("d1", 30), ("d2", 3), ("s", 20)])
+    }
     prompts["s"] = prompts["p"][:bs] + prompts["s"]  # shares p's first block
     tables: dict[str, list[int]] = {}
     free = iter(range(runner.num_blocks))
@@ -69,24 +78,27 @@ def run_mixed(runner: ModelRunner) -> torch.Tensor:
     tables["s"][0] = tables["p"][0]
     prior = {"c": 29, "d1": 28, "d2": 1}
     runner.execute([SeqChunk(n, prompts[n][:k], 0, tables[n], False) for n, k in prior.items()])
-    decodes = runner.logits_for([SeqChunk(n, [prompts[n][k]], k, tables[n], True)
-                                 for n, k in (("d1", 28), ("d2", 1))])
-    mixed = [SeqChunk("d1", prompts["d1"][29:], 29, tables["d1"], True),
-             SeqChunk("p", prompts["p"], 0, tables["p"], True),
-             SeqChunk("c", prompts["c"][29:], 29, tables["c"], True),
-             SeqChunk("d2", prompts["d2"][2:], 2, tables["d2"], True),
-             # same-step sharing: reads p's first block, which p writes in this very step
-             SeqChunk("s", prompts["s"][bs:], bs, tables["s"], True)]
+    decodes = runner.logits_for(
+        [SeqChunk(n, [prompts[n][k]], k, tables[n], True) for n, k in (("d1", 28), ("d2", 1))]
+    )
+    mixed = [
+        SeqChunk("d1", prompts["d1"][29:], 29, tables["d1"], True),
+        SeqChunk("p", prompts["p"], 0, tables["p"], True),
+        SeqChunk("c", prompts["c"][29:], 29, tables["c"], True),
+        SeqChunk("d2", prompts["d2"][2:], 2, tables["d2"], True),
+        # same-step sharing: reads p's first block, which p writes in this very step
+        SeqChunk("s", prompts["s"][bs:], bs, tables["s"], True),
+    ]
     return torch.cat([decodes, runner.logits_for(mixed, all_tokens=True)])
 
 
 @pytest.mark.parametrize(("name", "block_size"), [("llama", BS), ("mistral_window", 8)])
-def test_adapter_equals_torch_backend(flash_attn, hf_checkpoint, name: str,
-                                      block_size: int) -> None:
+def test_adapter_equals_torch_backend(
+    flash_attn, hf_checkpoint, name: str, block_size: int
+) -> None:
     path: Path = hf_checkpoint(name)
     expected = run_mixed(make_runner(path, num_blocks=24, block_size=block_size))
-    flash = use_backend(make_runner(path, num_blocks=24, block_size=block_size),
-                        FlashAttention())
+    flash = use_backend(make_runner(path, num_blocks=24, block_size=block_size), FlashAttention())
     got = run_mixed(flash)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     assert flash_attn.calls["kvcache"] > 0 and flash_attn.calls["varlen"] > 0
@@ -95,10 +107,14 @@ def test_adapter_equals_torch_backend(flash_attn, hf_checkpoint, name: str,
 def test_block_size_256_and_bfloat16(flash_attn, tiny_llama_dir: Path) -> None:
     """The block size upstream needs and a dtype it runs (the stand-in computes in fp32)."""
     tokens = random_tokens(300, 30522, seed=70)
-    chunks = [SeqChunk("a", tokens[:260], 0, [1, 0], False),
-              SeqChunk("b", tokens[:40], 0, [2], True)]
-    follow = [SeqChunk("a", tokens[260:], 260, [1, 0], True),
-              SeqChunk("b", tokens[40:41], 40, [2], True)]
+    chunks = [
+        SeqChunk("a", tokens[:260], 0, [1, 0], False),
+        SeqChunk("b", tokens[:40], 0, [2], True),
+    ]
+    follow = [
+        SeqChunk("a", tokens[260:], 260, [1, 0], True),
+        SeqChunk("b", tokens[40:41], 40, [2], True),
+    ]
 
     def logits(runner: ModelRunner) -> torch.Tensor:
         runner.execute(chunks)
@@ -115,21 +131,25 @@ def test_block_size_256_and_bfloat16(flash_attn, tiny_llama_dir: Path) -> None:
 
 # ---- refusals and the choice of backend ------------------------------------------------
 
+
 def test_refuses_without_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # import raises ImportError
     with pytest.raises(FlashAttnUnsupported, match="needs the flash-attn package"):
         get_backend("flash_attn", dtype=torch.bfloat16, block_size=256, device=CUDA)
 
 
-@pytest.mark.parametrize(("dtype", "block_size", "device", "capability", "message"), [
-    (torch.bfloat16, 256, torch.device("cpu"), (8, 0), "needs a CUDA device"),
-    (torch.bfloat16, 256, CUDA, (7, 5), r"Ampere or newer .* is 7\.5"),
-    (torch.float32, 256, CUDA, (8, 6), "float16 and bfloat16 only"),
-    (torch.float16, 16, CUDA, (9, 0), "divisible by 256, got 16"),
-])
-def test_refuses_what_upstream_cannot_run(flash_attn, monkeypatch: pytest.MonkeyPatch,
-                                          dtype, block_size, device, capability,
-                                          message: str) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "block_size", "device", "capability", "message"),
+    [
+        (torch.bfloat16, 256, torch.device("cpu"), (8, 0), "needs a CUDA device"),
+        (torch.bfloat16, 256, CUDA, (7, 5), r"Ampere or newer .* is 7\.5"),
+        (torch.float32, 256, CUDA, (8, 6), "float16 and bfloat16 only"),
+        (torch.float16, 16, CUDA, (9, 0), "divisible by 256, got 16"),
+    ],
+)
+def test_refuses_what_upstream_cannot_run(
+    flash_attn, monkeypatch: pytest.MonkeyPatch, dtype, block_size, device, capability, message: str
+) -> None:
     monkeypatch.setattr(fa, "device_capability", lambda _device: capability)
     with pytest.raises(FlashAttnUnsupported, match=message):
         get_backend("flash_attn", dtype=dtype, block_size=block_size, device=device)
@@ -140,8 +160,9 @@ def test_runner_refuses_before_taking_memory(flash_attn, hf_checkpoint) -> None:
         make_runner(hf_checkpoint("llama"), attention_backend="flash_attn")
 
 
-def test_auto_picks_flash_attn_only_where_it_runs(flash_attn,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_picks_flash_attn_only_where_it_runs(
+    flash_attn, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(fa, "device_capability", lambda _device: (8, 0))
     cpu = get_backend("auto", dtype=torch.bfloat16, block_size=256)
     assert isinstance(cpu, TorchAttention)
@@ -150,7 +171,8 @@ def test_auto_picks_flash_attn_only_where_it_runs(flash_attn,
     small_blocks = get_backend("auto", dtype=torch.bfloat16, block_size=16, device=CUDA)
     assert isinstance(small_blocks, TorchAttention)
     monkeypatch.setitem(sys.modules, "flash_attn", None)
-    assert isinstance(get_backend("auto", dtype=torch.bfloat16, block_size=256, device=CUDA),
-                      TorchAttention)
+    assert isinstance(
+        get_backend("auto", dtype=torch.bfloat16, block_size=256, device=CUDA), TorchAttention
+    )
     with pytest.raises(ValueError, match="unknown attention backend"):
         get_backend("xformers")

@@ -47,9 +47,15 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], steps: int) -> list[int
     ids = torch.tensor([prompt])
     with torch.no_grad():
         # an explicit mask: generate would otherwise mask prompt tokens equal to pad_token_id
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=steps,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -70,8 +76,12 @@ def test_old_rope_spelling_reads_the_same(hf_checkpoint, tmp_path: Path) -> None
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "model.safetensors").symlink_to(src / "model.safetensors")
     tokens = random_tokens(40, 256, seed=2)
-    torch.testing.assert_close(full_logits(make_runner(tmp_path), tokens),
-                               full_logits(make_runner(src), tokens), atol=0, rtol=0)
+    torch.testing.assert_close(
+        full_logits(make_runner(tmp_path), tokens),
+        full_logits(make_runner(src), tokens),
+        atol=0,
+        rtol=0,
+    )
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral_window", "qwen2"])
@@ -86,7 +96,8 @@ def test_tiny_llama_matches_transformers(tiny_llama_dir: Path) -> None:
     model = hf_model(tiny_llama_dir)
     runner = make_runner(tiny_llama_dir)
     tokens = [101, *random_tokens(30, 30522, seed=4)]
-    torch.testing.assert_close(full_logits(runner, tokens), hf_logits(model, tokens),
-                               atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        full_logits(runner, tokens), hf_logits(model, tokens), atol=ATOL, rtol=0
+    )
     prompt = [101, 7592, 1010, 2088]
     assert greedy(runner, prompt, 32) == hf_greedy(model, prompt, 32)

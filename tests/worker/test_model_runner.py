@@ -23,16 +23,26 @@ def test_sizes_reported(llama: Path) -> None:
     assert runner.num_blocks == (1 << 20) // per_block
     assert (runner.block_size, runner.max_model_len, runner.vocab_size) == (16, 256, 256)
     assert runner.eos_token_ids == [2]
-    fixed = ModelRunner(llama, block_size=8, num_blocks=5, kv_cache_memory_bytes=1 << 20,
-                        max_model_len=100, progress=False)
+    fixed = ModelRunner(
+        llama,
+        block_size=8,
+        num_blocks=5,
+        kv_cache_memory_bytes=1 << 20,
+        max_model_len=100,
+        progress=False,
+    )
     assert (fixed.num_blocks, fixed.max_model_len) == (5, 100)
 
 
 def test_one_token_per_sampling_chunk(llama: Path) -> None:
     runner = make_runner(llama)
-    out = runner.execute([SeqChunk("a", [1, 2, 3], 0, [0], False),
-                          SeqChunk("b", [4, 5], 0, [1], True),
-                          SeqChunk("c", [6], 0, [2], True, temperature=0.8, seed=1)])
+    out = runner.execute(
+        [
+            SeqChunk("a", [1, 2, 3], 0, [0], False),
+            SeqChunk("b", [4, 5], 0, [1], True),
+            SeqChunk("c", [6], 0, [2], True, temperature=0.8, seed=1),
+        ]
+    )
     assert out[0] is None
     assert all(isinstance(s.token_id, int) and s.error is None for s in out[1:])
     assert out[1].logprobs is None  # not asked for
@@ -46,28 +56,35 @@ def test_seeded_sampling_survives_recompute(llama: Path) -> None:
     first.execute([SeqChunk("x", prompt[:10], 0, [3], False)])
     a = first.execute([SeqChunk("r", prompt[10:], 10, [3, 4], True, temperature=1.0, seed=9)])
     second = make_runner(llama, seed=2)
-    b = second.execute([SeqChunk("o", [7, 7], 0, [0], True, temperature=1.0),
-                        SeqChunk("r", prompt, 0, [5, 6], True, temperature=1.0, seed=9)])
+    b = second.execute(
+        [
+            SeqChunk("o", [7, 7], 0, [0], True, temperature=1.0),
+            SeqChunk("r", prompt, 0, [5, 6], True, temperature=1.0, seed=9),
+        ]
+    )
     assert a[0].token_id == b[1].token_id
 
 
 LIMITS = BatchLimits(block_size=16, num_blocks=32, vocab_size=256, max_model_len=256)
 
 
-@pytest.mark.parametrize(("chunk", "message"), [
-    (SeqChunk("r", [], 0, [0], True), "at least one token"),
-    (SeqChunk("r", [256], 0, [0], True), "outside the vocabulary"),
-    (SeqChunk("r", [-1], 0, [0], True), "outside the vocabulary"),
-    (SeqChunk("r", [1] * 17, 0, [0], True), "cannot hold 17 tokens"),
-    (SeqChunk("r", [1], 0, [99], True), "block id outside"),
-    (SeqChunk("r", [1], 300, list(range(20)), True), "max_model_len"),
-    (SeqChunk("r", [1], 0, [0], True, top_p=0.0), "top_p"),
-    (SeqChunk("r", [1], 0, [0], True, temperature=-1.0), "temperature"),
-    (SeqChunk("r", [1], 0, [0], True, min_p=1.5), "min_p"),
-    (SeqChunk("r", [1], 0, [0], True, repetition_penalty=0.0), "repetition_penalty"),
-    (SeqChunk("r", [1], 0, [0], True, frequency_penalty=float("nan")), "finite"),
-    (SeqChunk("r", [1], 0, [0], True, logprobs=21), "at most 20 logprobs"),
-])
+@pytest.mark.parametrize(
+    ("chunk", "message"),
+    [
+        (SeqChunk("r", [], 0, [0], True), "at least one token"),
+        (SeqChunk("r", [256], 0, [0], True), "outside the vocabulary"),
+        (SeqChunk("r", [-1], 0, [0], True), "outside the vocabulary"),
+        (SeqChunk("r", [1] * 17, 0, [0], True), "cannot hold 17 tokens"),
+        (SeqChunk("r", [1], 0, [99], True), "block id outside"),
+        (SeqChunk("r", [1], 300, list(range(20)), True), "max_model_len"),
+        (SeqChunk("r", [1], 0, [0], True, top_p=0.0), "top_p"),
+        (SeqChunk("r", [1], 0, [0], True, temperature=-1.0), "temperature"),
+        (SeqChunk("r", [1], 0, [0], True, min_p=1.5), "min_p"),
+        (SeqChunk("r", [1], 0, [0], True, repetition_penalty=0.0), "repetition_penalty"),
+        (SeqChunk("r", [1], 0, [0], True, frequency_penalty=float("nan")), "finite"),
+        (SeqChunk("r", [1], 0, [0], True, logprobs=21), "at most 20 logprobs"),
+    ],
+)
 def test_bad_chunks_are_named(chunk: SeqChunk, message: str) -> None:
     error = check_chunk(chunk, LIMITS)
     assert error is not None and message in error and "request r" in error

@@ -40,8 +40,7 @@ def test_prefill_over_cached_prefix_equals_full_prefill(runner: ModelRunner, spl
     expected = full_logits(runner, tokens, first_block=10)
     table = blocks_for(len(tokens), BS)
     runner.execute([SeqChunk("a", tokens[:split], 0, table, False)])
-    rest = runner.logits_for([SeqChunk("a", tokens[split:], split, table, True)],
-                             all_tokens=True)
+    rest = runner.logits_for([SeqChunk("a", tokens[split:], split, table, True)], all_tokens=True)
     close(rest, expected[split:])
 
 
@@ -61,16 +60,19 @@ def test_chunked_prefill_in_several_pieces(runner: ModelRunner) -> None:
     table = [7, 3, 11, 5]  # block ids need not be ordered or contiguous
     start = 0
     for size in (5, 11, 16, 1, 17):
-        got = runner.logits_for([SeqChunk("a", tokens[start:start + size], start, table, True)],
-                                all_tokens=True)
-        close(got, expected[start:start + size])
+        got = runner.logits_for(
+            [SeqChunk("a", tokens[start : start + size], start, table, True)], all_tokens=True
+        )
+        close(got, expected[start : start + size])
         start += size
 
 
 def test_mixed_batch_equals_running_apart(llama: Path) -> None:
     """A fresh prefill, a chunk over a cached prefix and two decodes of different lengths."""
-    prompts = {name: random_tokens(n, 256, seed=20 + i)
-               for i, (name, n) in enumerate([("p", 20), ("c", 45), ("d1", 30), ("d2", 3)])}
+    prompts = {
+        name: random_tokens(n, 256, seed=20 + i)
+        for i, (name, n) in enumerate([("p", 20), ("c", 45), ("d1", 30), ("d2", 3)])
+    }
     tables = {"p": [0, 1], "c": [2, 3, 4], "d1": [5, 6], "d2": [7]}
     prior = {"c": 29, "d1": 29, "d2": 2}  # tokens already computed in an earlier step
 
@@ -79,8 +81,7 @@ def test_mixed_batch_equals_running_apart(llama: Path) -> None:
         return SeqChunk(name, prompts[name][start:], start, tables[name], True)
 
     def fill_prior(runner: ModelRunner) -> None:
-        runner.execute([SeqChunk(n, prompts[n][:k], 0, tables[n], False)
-                        for n, k in prior.items()])
+        runner.execute([SeqChunk(n, prompts[n][:k], 0, tables[n], False) for n, k in prior.items()])
 
     together = make_runner(llama, num_blocks=8, block_size=BS)
     fill_prior(together)

@@ -29,8 +29,13 @@ def support(row: torch.Tensor) -> set[int]:
 def test_greedy_and_degenerate_settings_pick_the_argmax() -> None:
     sampler = Sampler(0)
     rows = LOGITS.repeat(5, 1)
-    chunks = [chunk(), chunk(temperature=1.0, top_k=1), chunk(temperature=1.0, top_p=1e-6),
-              chunk(temperature=1e-4, seed=3), chunk(temperature=1.0, min_p=0.99)]
+    chunks = [
+        chunk(),
+        chunk(temperature=1.0, top_k=1),
+        chunk(temperature=1.0, top_p=1e-6),
+        chunk(temperature=1e-4, seed=3),
+        chunk(temperature=1.0, min_p=0.99),
+    ]
     assert tokens(sampler(rows, chunks)) == [5, 5, 5, 5, 5]
 
 
@@ -38,9 +43,12 @@ def test_filters_per_row_in_one_call() -> None:
     probs = torch.softmax(LOGITS, -1)
     top2 = float(probs[5] + probs[0])
     rows = LOGITS.repeat(5, 1)
-    out = filter_logits(rows, top_k=torch.tensor([2, 0, 0, 0, 3]),
-                        top_p=torch.tensor([1.0, top2 - 1e-3, 1.0, 1.0, 1.0]),
-                        min_p=torch.tensor([0.0, 0.0, 0.3, 0.0, 0.0]))
+    out = filter_logits(
+        rows,
+        top_k=torch.tensor([2, 0, 0, 0, 3]),
+        top_p=torch.tensor([1.0, top2 - 1e-3, 1.0, 1.0, 1.0]),
+        min_p=torch.tensor([0.0, 0.0, 0.3, 0.0, 0.0]),
+    )
     assert support(out[0]) == {0, 5}  # top-k 2
     assert support(out[1]) == {0, 5}  # top-p just under the two most likely
     # min-p 0.3: keep tokens at least 0.3 times as likely as the best (e^-1 > 0.3 > e^-2)
@@ -87,13 +95,21 @@ def test_seed_depends_on_position_not_on_batch() -> None:
     logits = torch.zeros(1, 1000)  # uniform: the draw is the generator's alone
     alone = tokens(Sampler(1)(logits, [chunk(pos=7, temperature=1.0, seed=42)]))
     noise = torch.randn(3, 1000)
-    batched = tokens(Sampler(2)(torch.cat([noise[:2], logits, noise[2:]]),
-                                [chunk(temperature=1.0), chunk(temperature=1.0, seed=5),
-                                 chunk(pos=7, temperature=1.0, seed=42),
-                                 chunk(temperature=1.0, top_k=3)]))
+    batched = tokens(
+        Sampler(2)(
+            torch.cat([noise[:2], logits, noise[2:]]),
+            [
+                chunk(temperature=1.0),
+                chunk(temperature=1.0, seed=5),
+                chunk(pos=7, temperature=1.0, seed=42),
+                chunk(temperature=1.0, top_k=3),
+            ],
+        )
+    )
     assert batched[2] == alone[0]
-    by_position = [tokens(Sampler(0)(logits, [chunk(pos=p, temperature=1.0, seed=42)]))[0]
-                   for p in range(1, 9)]
+    by_position = [
+        tokens(Sampler(0)(logits, [chunk(pos=p, temperature=1.0, seed=42)]))[0] for p in range(1, 9)
+    ]
     assert len(set(by_position)) > 1
     g1, g2 = position_generator(42, 7), position_generator(42, 7)
     assert torch.equal(torch.rand(4, generator=g1), torch.rand(4, generator=g2))
@@ -107,8 +123,16 @@ HISTORY = PROMPT + OUTPUT
 
 
 def penalized(**kw) -> SeqChunk:
-    return SeqChunk("r", [HISTORY[-1]], len(HISTORY) - 1, [0], True, all_token_ids=HISTORY,
-                    num_prompt_tokens=len(PROMPT), **kw)
+    return SeqChunk(
+        "r",
+        [HISTORY[-1]],
+        len(HISTORY) - 1,
+        [0],
+        True,
+        all_token_ids=HISTORY,
+        num_prompt_tokens=len(PROMPT),
+        **kw,
+    )
 
 
 def test_repetition_penalty_matches_transformers() -> None:
@@ -149,12 +173,18 @@ def test_no_penalty_means_no_copy() -> None:
 
 # ---- logprobs, failures ---------------------------------------------------------------------
 
+
 def test_logprobs_are_raw_and_top_n() -> None:
     logits = torch.stack([LOGITS, LOGITS, LOGITS])
     raw = torch.log_softmax(LOGITS, -1)
-    out = Sampler(0)(logits, [chunk(logprobs=3, temperature=0.7, top_k=2, presence_penalty=1.0),
-                              chunk(),
-                              chunk(logprobs=0)])
+    out = Sampler(0)(
+        logits,
+        [
+            chunk(logprobs=3, temperature=0.7, top_k=2, presence_penalty=1.0),
+            chunk(),
+            chunk(logprobs=0),
+        ],
+    )
     first = out[0].logprobs
     assert first is not None
     assert math.isclose(first.logprob, raw[out[0].token_id].item(), rel_tol=1e-6)
@@ -169,8 +199,9 @@ def test_nan_or_inf_logits_fail_only_their_row() -> None:
     logits = LOGITS.repeat(4, 1)
     logits[1, 2] = float("nan")
     logits[3, 0] = float("inf")
-    out = Sampler(0)(logits, [chunk(logprobs=2), chunk(logprobs=2), chunk(temperature=1.0,
-                                                                          seed=1), chunk()])
+    out = Sampler(0)(
+        logits, [chunk(logprobs=2), chunk(logprobs=2), chunk(temperature=1.0, seed=1), chunk()]
+    )
     assert [s.error is not None for s in out] == [False, True, False, True]
     assert "NaN" in (out[1].error or "")
     assert out[0].token_id == 5 and out[0].logprobs is not None

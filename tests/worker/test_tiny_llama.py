@@ -30,15 +30,22 @@ def test_generation_is_deterministic_and_fast(tmp_path: Path) -> None:
     elapsed = time.perf_counter() - started
     write_tiny_llama(second)
     names = sorted(p.name for p in first.iterdir())
-    assert names == ["config.json", "model.safetensors", "special_tokens_map.json",
-                     "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+    assert names == [
+        "config.json",
+        "model.safetensors",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+    ]
     for name in names:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     assert elapsed < 4.0  # ~0.5 s alone; slack for a shared 2-core machine
 
 
-def test_resolve_creates_once_in_a_versioned_cache_dir(kv_cache_dir: Path,
-                                                       tiny_llama_dir: Path) -> None:
+def test_resolve_creates_once_in_a_versioned_cache_dir(
+    kv_cache_dir: Path, tiny_llama_dir: Path
+) -> None:
     assert tiny_llama_dir == tiny_llama_path() == kv_cache_dir / "tiny-llama-v1"
     stamp = (tiny_llama_dir / "model.safetensors").stat().st_mtime_ns
     assert resolve_model("tiny-llama") == tiny_llama_dir
@@ -71,8 +78,12 @@ def test_concurrent_first_use_is_safe(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_config_is_the_recipe(tiny_llama_dir: Path) -> None:
     config = json.loads((tiny_llama_dir / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
-    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
-            config["num_key_value_heads"]) == (256, 4, 8, 2)
+    assert (
+        config["hidden_size"],
+        config["num_hidden_layers"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+    ) == (256, 4, 8, 2)
     assert config["vocab_size"] == 30522 == TINY_LLAMA_RECIPE.vocab_size
     assert config["max_position_embeddings"] == 2048
     assert config["tie_word_embeddings"] is False

@@ -19,8 +19,13 @@ log = logging.getLogger(__name__)
 BACKENDS = ("auto", "torch", "flash_attn")
 
 
-def get_backend(name: str = "torch", *, dtype: torch.dtype = torch.float32,
-                block_size: int = 16, device: torch.device | None = None) -> AttentionBackend:
+def get_backend(
+    name: str = "torch",
+    *,
+    dtype: torch.dtype = torch.float32,
+    block_size: int = 16,
+    device: torch.device | None = None,
+) -> AttentionBackend:
     """`auto`: flash_attn on a CUDA device where it can run, else torch (saying why)."""
     device = device or torch.device("cpu")
     if name == "torch":
@@ -39,5 +44,11 @@ def get_backend(name: str = "torch", *, dtype: torch.dtype = torch.float32,
     raise ValueError(f"unknown attention backend {name!r} (available: {', '.join(BACKENDS)})")
 
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "FlashAttention", "FlashAttnUnsupported",
-           "TorchAttention", "get_backend"]
+__all__ = [
+    "AttentionBackend",
+    "AttentionMetadata",
+    "FlashAttention",
+    "FlashAttnUnsupported",
+    "TorchAttention",
+    "get_backend",
+]

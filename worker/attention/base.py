@@ -40,8 +40,10 @@ class AttentionMetadata:
 
     @property
     def max_context_len(self) -> int:
-        return max((s + q for s, q in zip(self.start_pos_list, self.query_lens_list,
-                                          strict=True)), default=0)
+        return max(
+            (s + q for s, q in zip(self.start_pos_list, self.query_lens_list, strict=True)),
+            default=0,
+        )
 
 
 class AttentionBackend(ABC):
@@ -52,7 +54,14 @@ class AttentionBackend(ABC):
         return meta
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, plan: Any,
-                scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: Any,
+        scale: float,
+    ) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D], caches [num_blocks, block_size, Hkv, D] -> [T, H, D]."""

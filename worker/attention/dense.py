@@ -20,8 +20,9 @@ class DensePlan:
     masks: list[torch.Tensor | None]  # per sequence: a sliding-window mask when it needs one
 
 
-def dense_plan(seq_lens: list[int], causal: bool, device: torch.device,
-               sliding_window: int | None = None) -> DensePlan:
+def dense_plan(
+    seq_lens: list[int], causal: bool, device: torch.device, sliding_window: int | None = None
+) -> DensePlan:
     bounds: list[tuple[int, int]] = []
     masks: list[torch.Tensor | None] = []
     start = 0
@@ -33,16 +34,23 @@ def dense_plan(seq_lens: list[int], causal: bool, device: torch.device,
     return DensePlan(bounds, causal, masks)
 
 
-def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DensePlan,
-                    scale: float) -> torch.Tensor:
+def dense_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: DensePlan, scale: float
+) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]."""
     out = torch.empty_like(q)
     for (start, end), mask in zip(plan.bounds, plan.masks, strict=True):
         # [1, heads, n, D]: 4-d inputs keep torch's CPU SDPA on its fast kernel
         seq_q, seq_k, seq_v = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
         attended = F.scaled_dot_product_attention(
-            seq_q, seq_k, seq_v, attn_mask=mask, is_causal=plan.causal and mask is None,
-            scale=scale, enable_gqa=True)
+            seq_q,
+            seq_k,
+            seq_v,
+            attn_mask=mask,
+            is_causal=plan.causal and mask is None,
+            scale=scale,
+            enable_gqa=True,
+        )
         out[start:end] = attended[0].transpose(0, 1)
     return out
 

@@ -45,7 +45,8 @@ def import_flash_attn() -> ModuleType:
     except ImportError as err:
         raise FlashAttnUnsupported(
             f"the flash_attn backend needs the flash-attn package ({err}); install "
-            "`kvledger[cuda]` on a CUDA machine, or use --attention-backend torch") from err
+            "`kvledger[cuda]` on a CUDA machine, or use --attention-backend torch"
+        ) from err
 
 
 def device_capability(device: torch.device) -> tuple[int, int]:
@@ -61,14 +62,18 @@ def check_flash_attn(dtype: torch.dtype, block_size: int, device: torch.device) 
     if capability < MIN_CAPABILITY:
         raise FlashAttnUnsupported(
             f"flash-attn 2 needs an Ampere or newer GPU (compute capability >= 8.0); this one "
-            f"is {capability[0]}.{capability[1]}; use --attention-backend torch")
+            f"is {capability[0]}.{capability[1]}; use --attention-backend torch"
+        )
     if dtype not in DTYPES:
-        raise FlashAttnUnsupported(f"flash-attn runs float16 and bfloat16 only, not {dtype}; "
-                                   "use --dtype bfloat16 (or --attention-backend torch)")
+        raise FlashAttnUnsupported(
+            f"flash-attn runs float16 and bfloat16 only, not {dtype}; "
+            "use --dtype bfloat16 (or --attention-backend torch)"
+        )
     if block_size % BLOCK_MULTIPLE:
         raise FlashAttnUnsupported(
             f"upstream flash-attn needs a paged KV block size divisible by {BLOCK_MULTIPLE}, "
-            f"got {block_size}; use --block-size 256 (or --attention-backend torch)")
+            f"got {block_size}; use --block-size 256 (or --attention-backend torch)"
+        )
 
 
 @dataclass
@@ -97,8 +102,7 @@ class FlashAttention(AttentionBackend):
 
     def plan(self, meta: AttentionMetadata) -> FlashPlan:
         seqlens_k = meta.context_lens.to(torch.int32)
-        cu_seqlens_k = torch.zeros(meta.num_seqs + 1, dtype=torch.int32,
-                                   device=seqlens_k.device)
+        cu_seqlens_k = torch.zeros(meta.num_seqs + 1, dtype=torch.int32, device=seqlens_k.device)
         cu_seqlens_k[1:] = seqlens_k.cumsum(0)
         window = meta.sliding_window
         return FlashPlan(
@@ -113,18 +117,39 @@ class FlashAttention(AttentionBackend):
             decode_only=meta.max_query_len == 1,
         )
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, plan: FlashPlan,
-                scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: FlashPlan,
+        scale: float,
+    ) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, plan.slot_mapping)  # every write before any read
         if plan.decode_only:
             out = self._with_kvcache(
-                q.unsqueeze(1), k_cache, v_cache, cache_seqlens=plan.seqlens_k,
-                block_table=plan.block_table, softmax_scale=scale, causal=True,
-                window_size=plan.window_size)
+                q.unsqueeze(1),
+                k_cache,
+                v_cache,
+                cache_seqlens=plan.seqlens_k,
+                block_table=plan.block_table,
+                softmax_scale=scale,
+                causal=True,
+                window_size=plan.window_size,
+            )
             return out.squeeze(1)
         return self._varlen(
-            q, k_cache, v_cache, cu_seqlens_q=plan.cu_seqlens_q, cu_seqlens_k=plan.cu_seqlens_k,
-            max_seqlen_q=plan.max_seqlen_q, max_seqlen_k=plan.max_seqlen_k,
-            softmax_scale=scale, causal=True, window_size=plan.window_size,
-            block_table=plan.block_table)
+            q,
+            k_cache,
+            v_cache,
+            cu_seqlens_q=plan.cu_seqlens_q,
+            cu_seqlens_k=plan.cu_seqlens_k,
+            max_seqlen_q=plan.max_seqlen_q,
+            max_seqlen_k=plan.max_seqlen_k,
+            softmax_scale=scale,
+            causal=True,
+            window_size=plan.window_size,
+            block_table=plan.block_table,
+        )

@@ -55,53 +55,72 @@ class TorchAttention(AttentionBackend):
             else:
                 prefills.append(_prefill_seq(meta, i, q_start, device))
             q_start += q_len
-        decode = (_decode_group(meta, decode_seqs, decode_rows, device)
-                  if decode_seqs else None)
+        decode = _decode_group(meta, decode_seqs, decode_rows, device) if decode_seqs else None
         return TorchPlan(meta.slot_mapping, prefills, decode)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, plan: TorchPlan,
-                scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: TorchPlan,
+        scale: float,
+    ) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, plan.slot_mapping)  # every write before any read
         out = torch.empty_like(q)
         for seq in plan.prefills:
-            out[seq.q_start:seq.q_end] = _attend_prefill(q, k_cache, v_cache, seq, scale)
+            out[seq.q_start : seq.q_end] = _attend_prefill(q, k_cache, v_cache, seq, scale)
         if plan.decode is not None:
             out[plan.decode.token_idx] = _attend_decode(q, k_cache, v_cache, plan.decode, scale)
         return out
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     heads, dim = k_cache.shape[-2:]
     k_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, v)
 
 
-def _attend_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    seq: PrefillSeq, scale: float) -> torch.Tensor:
+def _attend_prefill(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: PrefillSeq, scale: float
+) -> torch.Tensor:
     # 4-d inputs: with 3-d ones torch's CPU SDPA falls back to its ~10x slower math kernel
-    keys = k_cache[seq.blocks].flatten(0, 1)[:seq.context_len].transpose(0, 1).unsqueeze(0)
-    values = v_cache[seq.blocks].flatten(0, 1)[:seq.context_len].transpose(0, 1).unsqueeze(0)
-    queries = q[seq.q_start:seq.q_end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=seq.mask,
-                                         is_causal=seq.mask is None, scale=scale,
-                                         enable_gqa=True)
+    keys = k_cache[seq.blocks].flatten(0, 1)[: seq.context_len].transpose(0, 1).unsqueeze(0)
+    values = v_cache[seq.blocks].flatten(0, 1)[: seq.context_len].transpose(0, 1).unsqueeze(0)
+    queries = q[seq.q_start : seq.q_end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
+    out = F.scaled_dot_product_attention(
+        queries,
+        keys,
+        values,
+        attn_mask=seq.mask,
+        is_causal=seq.mask is None,
+        scale=scale,
+        enable_gqa=True,
+    )
     return out[0].transpose(0, 1)
 
 
-def _attend_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   group: DecodeGroup, scale: float) -> torch.Tensor:
+def _attend_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup, scale: float
+) -> torch.Tensor:
     keys = k_cache[group.block_tables].flatten(1, 2).transpose(1, 2)  # [n, Hkv, L, D]
     values = v_cache[group.block_tables].flatten(1, 2).transpose(1, 2)
     queries = q[group.token_idx].unsqueeze(2)  # [n, H, 1, D]
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask,
-                                         scale=scale, enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        queries, keys, values, attn_mask=group.mask, scale=scale, enable_gqa=True
+    )
     return out.squeeze(2)
 
 
-def _prefill_seq(meta: AttentionMetadata, i: int, q_start: int,
-                 device: torch.device) -> PrefillSeq:
+def _prefill_seq(meta: AttentionMetadata, i: int, q_start: int, device: torch.device) -> PrefillSeq:
     start, q_len = meta.start_pos_list[i], meta.query_lens_list[i]
     context_len = start + q_len
     blocks = torch.tensor(meta.block_tables_list[i], dtype=torch.long, device=device)
@@ -113,8 +132,9 @@ def _prefill_seq(meta: AttentionMetadata, i: int, q_start: int,
     return PrefillSeq(q_start, q_start + q_len, context_len, blocks, mask)
 
 
-def _decode_group(meta: AttentionMetadata, seqs: list[int], rows: list[int],
-                  device: torch.device) -> DecodeGroup:
+def _decode_group(
+    meta: AttentionMetadata, seqs: list[int], rows: list[int], device: torch.device
+) -> DecodeGroup:
     width = max(len(meta.block_tables_list[i]) for i in seqs)
     tables = meta.block_tables[seqs, :width].to(torch.long)
     q_pos = torch.tensor([meta.start_pos_list[i] for i in seqs], device=device).view(-1, 1)

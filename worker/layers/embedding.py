@@ -19,8 +19,11 @@ class Embedding(nn.Module):
 class LMHead(nn.Module):
     def __init__(self, dim: int, vocab_size: int, tied_to: Embedding | None = None) -> None:
         super().__init__()
-        self.weight = (tied_to.weight if tied_to is not None else
-                       nn.Parameter(torch.empty(vocab_size, dim), requires_grad=False))
+        self.weight = (
+            tied_to.weight
+            if tied_to is not None
+            else nn.Parameter(torch.empty(vocab_size, dim), requires_grad=False)
+        )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.weight)

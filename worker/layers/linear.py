@@ -15,8 +15,7 @@ class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.bias = (nn.Parameter(torch.empty(out_features), requires_grad=False)
-                     if bias else None)
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)

@@ -30,6 +30,7 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.empty(size), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.layer_norm(x.float(), x.shape[-1:], self.weight.float(), self.bias.float(),
-                           self.eps)
+        out = F.layer_norm(
+            x.float(), x.shape[-1:], self.weight.float(), self.bias.float(), self.eps
+        )
         return out.to(x.dtype)

@@ -27,20 +27,25 @@ class LlamaAttention(nn.Module):
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
-        self.scale = cfg.head_dim ** -0.5
-        self.qkv_proj = PackedLinear(cfg.hidden_size, {
-            "q": cfg.num_heads * cfg.head_dim,
-            "k": cfg.num_kv_heads * cfg.head_dim,
-            "v": cfg.num_kv_heads * cfg.head_dim,
-        }, bias=cfg.qkv_bias)
+        self.scale = cfg.head_dim**-0.5
+        self.qkv_proj = PackedLinear(
+            cfg.hidden_size,
+            {
+                "q": cfg.num_heads * cfg.head_dim,
+                "k": cfg.num_kv_heads * cfg.head_dim,
+                "v": cfg.num_kv_heads * cfg.head_dim,
+            },
+            bias=cfg.qkv_bias,
+        )
         self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         self.backend = backend
         # Bound to this layer's slice of the paged KV memory by the model runner.
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                plan: Any) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan: Any
+    ) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         q = apply_rotary(q.view(tokens, self.num_heads, self.head_dim), *rope)
@@ -56,8 +61,11 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = PackedLinear(cfg.hidden_size, {
-            "gate": cfg.intermediate_size, "up": cfg.intermediate_size}, bias=cfg.mlp_bias)
+        self.gate_up_proj = PackedLinear(
+            cfg.hidden_size,
+            {"gate": cfg.intermediate_size, "up": cfg.intermediate_size},
+            bias=cfg.mlp_bias,
+        )
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,19 +80,20 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                plan: Any) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan: Any
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, plan)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, max_positions: int,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, cfg: ModelConfig, backend: AttentionBackend, max_positions: int, dtype: torch.dtype
+    ) -> None:
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend)
-                                    for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope, dtype)
 
@@ -106,8 +115,9 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", "up"),
     }
 
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, max_positions: int,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, cfg: ModelConfig, backend: AttentionBackend, max_positions: int, dtype: torch.dtype
+    ) -> None:
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg, backend, max_positions, dtype)
