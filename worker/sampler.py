@@ -82,6 +82,17 @@ def filter_logits(
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
+def finite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """[N, V] -> [N] bool: the rows holding neither NaN nor inf."""
+    # A NaN or inf makes its row's sum non-finite, and a sum reads the row once without a
+    # [N, V] mask (30x faster at decode sizes). Only a sum that overflowed on finite values
+    # would mislead, so a row that looks bad is checked exactly.
+    finite = torch.isfinite(logits.sum(dim=-1))
+    if bool(finite.all()):
+        return finite
+    return torch.isfinite(logits).all(dim=-1)
+
+
 class Sampler:
     def __init__(self, seed: int = 0) -> None:
         # Requests without a seed draw from one worker-wide stream.
@@ -90,7 +101,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, chunks: list[SeqChunk]) -> list[Sample]:
         """logits [N, V] (one row per sampling chunk) -> one Sample per row."""
         logits = logits.float()
-        finite = torch.isfinite(logits).all(dim=-1)
+        finite = finite_rows(logits)
         failed = set((~finite).nonzero().flatten().tolist())
         if failed:
             logits = logits.masked_fill(~finite.unsqueeze(1), 0.0)  # keep the rest well-defined
@@ -153,7 +164,7 @@ def score_tokens(
     """Raw logprob of targets[r] under logits row r, with the row's top N; None when any row is
     not finite (the request fails, as a sampling row would)."""
     logits = logits.float()
-    if not bool(torch.isfinite(logits).all()):
+    if not bool(finite_rows(logits).all()):
         return None
     return _logprobs(torch.log_softmax(logits, dim=-1), targets, [top_n] * len(targets))
 

@@ -206,3 +206,11 @@ def test_nan_or_inf_logits_fail_only_their_row() -> None:
     assert "NaN" in (out[1].error or "")
     assert out[0].token_id == 5 and out[0].logprobs is not None
     assert 0 <= out[2].token_id < 6
+
+
+def test_finite_rows_whose_sum_overflows_still_sample() -> None:
+    huge = torch.full((2, 6), 3e38)
+    huge[0, 4] = float("-inf")  # -inf is not finite: the row fails
+    out = Sampler(0)(huge, [chunk(), chunk()])
+    assert out[0].error is not None
+    assert out[1].error is None and out[1].token_id == 0
