@@ -5,10 +5,13 @@ from __future__ import annotations
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 # HTTP/2 keepalive pings: a worker or scheduler that vanished without closing its connection
-# (power loss, partition, SIGSTOP) breaks the stream within ~15 s instead of never.
+# (power loss, partition, SIGSTOP) breaks the stream within ~15 s instead of never. The ping's
+# own timeout is `http2.ping_timeout_ms` (60 s by default): `keepalive_timeout_ms` alone did
+# not shorten it, and a frozen peer took ~70 s to notice.
 _KEEPALIVE = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.ping_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
 ]
 _MESSAGES = [
