@@ -87,6 +87,15 @@ class Executor:
     def step(self, plan: worker_pb2.Plan) -> worker_pb2.StepResult:
         started = time.perf_counter()
         result = worker_pb2.StepResult(step_id=plan.step_id)
+        try:
+            self._step(plan, result)
+        except Exception as err:  # a poison request must not take the worker down with it
+            log.exception("step %d failed; its requests end with an error", plan.step_id)
+            result = self.fail_plan(plan, f"the worker failed this step: {err}", result)
+        result.step_seconds = time.perf_counter() - started
+        return result
+
+    def _step(self, plan: worker_pb2.Plan, result: worker_pb2.StepResult) -> None:
         for request_id in plan.dropped_request_ids:
             self.seqs.pop(request_id, None)
         state = StepState(pending=_pending_writes(plan))
@@ -100,21 +109,37 @@ class Executor:
             scheduled.append((seq, cont.num_scheduled_tokens))
         self._run(scheduled, state, result)
         self._record(plan, state, result)
-        result.step_seconds = time.perf_counter() - started
-        return result
 
-    def fail_plan(self, plan: worker_pb2.Plan, message: str) -> worker_pb2.StepResult:
-        """A step that raised: every request in it ends with an error, and whatever any of them
-        may have half-written is forgotten; the worker itself keeps serving."""
+    def fail_plan(
+        self,
+        plan: worker_pb2.Plan,
+        message: str,
+        partial: worker_pb2.StepResult | None = None,
+    ) -> worker_pb2.StepResult:
+        """A step that raised: its requests end with an error, except those it had already
+        refused as stale (`partial`; they are recomputed), and the worker keeps serving.
+
+        Only what this step may have written is forgotten: the blocks it declared, and the
+        blocks it newly handed to a request. Claimed blocks and blocks filled in earlier steps
+        still hold what they held, and the scheduler still caches them: forgetting them here
+        would make the next hit on them a false stale entry.
+        """
         result = worker_pb2.StepResult(step_id=plan.step_id)
-        ids = [r.request_id for r in plan.new_requests] + [r.request_id for r in plan.continuing]
-        for request_id in ids:
-            seq = self.seqs.pop(request_id, None)
-            if seq is not None:
-                self._forget(seq.block_table)
-            result.errors.add(request_id=request_id, message=message)
+        if partial is not None:
+            result.stale_request_ids.extend(partial.stale_request_ids)
+            result.removed_block_ids.extend(partial.removed_block_ids)
         for new in plan.new_requests:
-            self._forget(new.block_ids)
+            claimed = {c.block_id for c in new.claimed}
+            self._forget(b for b in new.block_ids if b not in claimed)
+        for cont in plan.continuing:
+            self._forget(cont.new_block_ids)
+        items = (*plan.new_requests, *plan.continuing)
+        self._forget(w.block_id for item in items for w in item.written)
+        stale = set(result.stale_request_ids)
+        for item in items:
+            self.seqs.pop(item.request_id, None)
+            if item.request_id not in stale:
+                result.errors.add(request_id=item.request_id, message=message)
         return result
 
     def _admit(

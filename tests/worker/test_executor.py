@@ -326,23 +326,57 @@ def test_embedding_request_on_a_generating_stand_in_fails_alone():
     assert [s.request_id for s in result.sampled] == ["g"]
 
 
-def test_a_failed_step_errors_its_requests_and_forgets_their_blocks():
+class FailingRunner(RecordingRunner):
+    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
+        raise RuntimeError("out of memory")
+
+
+def test_a_failed_step_errors_its_requests_and_forgets_only_what_it_may_have_written():
     ex = Executor(RecordingRunner())
     ex.step(
         worker_pb2.Plan(
-            new_requests=[new_request("a", list(range(4)), [3], 0, 4, written=[bh(3, b"x")])]
+            new_requests=[new_request("a", list(range(5)), [3, 4], 0, 5, written=[bh(3, b"x")])]
         )
     )
+    assert ex.provenance == {3: b"x"}
+    ex.provenance[6] = b"old"  # a freed block, recycled below for b
+    ex.runner = FailingRunner()
     plan = worker_pb2.Plan(
         step_id=9,
         continuing=[
             worker_pb2.ContinueRequest(
-                request_id="a", num_computed_tokens=4, num_scheduled_tokens=1
+                request_id="a",
+                num_computed_tokens=5,
+                num_scheduled_tokens=3,
+                written=[bh(4, b"y")],
             )
         ],
-        new_requests=[new_request("b", [1, 2], [5], 0, 2)],
+        # b hits a's cached block 3 and computes the rest into block 6
+        new_requests=[
+            new_request("b", [0, 1, 2, 3, 9], [3, 6], 4, 1, claimed=[bh(3, b"x")]),
+        ],
     )
-    result = ex.fail_plan(plan, "boom")
+    result = ex.step(plan)
     assert result.step_id == 9
     assert sorted(e.request_id for e in result.errors) == ["a", "b"]
-    assert ex.seqs == {} and 3 not in ex.provenance
+    assert "out of memory" in result.errors[0].message
+    assert not result.stale_request_ids and not result.removed_block_ids
+    # block 3 was written in an earlier step and only read in this one: the scheduler still
+    # caches it, so the worker keeps vouching for it; 4 and 6 were being written
+    assert ex.seqs == {} and ex.provenance == {3: b"x"}
+
+
+def test_a_failed_step_keeps_its_refusals_stale():
+    ex = Executor(FailingRunner())
+    ex.provenance[2] = b"other"
+    plan = worker_pb2.Plan(
+        new_requests=[
+            new_request("stale", [1, 2, 3, 4, 5], [2, 7], 4, 1, claimed=[bh(2, b"mine")]),
+            new_request("ok", [1, 2], [8], 0, 2),
+        ]
+    )
+    result = ex.step(plan)
+    assert list(result.stale_request_ids) == ["stale"]
+    assert list(result.removed_block_ids) == [2]
+    assert [e.request_id for e in result.errors] == ["ok"]
+    assert ex.seqs == {} and ex.provenance == {}
