@@ -15,8 +15,9 @@ from typing import TypeVar
 
 import grpc
 import numpy as np
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Security
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -32,13 +33,20 @@ from server.completions import (
     stream_text,
     tokenize_prompts,
 )
-from server.errors import APIError, from_grpc, install_error_handlers
+from server.errors import APIError, error_responses, from_grpc, install_error_handlers
 from server.limits import BodySizeLimit, Limits
 from server.protocol import (
     CompletionRequest,
+    CompletionResponse,
+    CompletionStreamEvent,
     DetokenizeRequest,
+    DetokenizeResponse,
     EmbeddingRequest,
+    EmbeddingResponse,
+    ModelList,
     TokenizeRequest,
+    TokenizeResponse,
+    VersionResponse,
 )
 
 T = TypeVar("T")
@@ -79,12 +87,18 @@ def build_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="kvledger", version=kvledger.__version__, lifespan=lifespan)
     install_error_handlers(app)
+    _document_errors_truthfully(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.limits.max_request_body_bytes)
 
     def client() -> SchedulerClient:
         return client_box["c"]
 
     app.add_middleware(RequestCounter, counter=http_requests)
+
+    # Declares the bearer scheme in the OpenAPI schema; `tenant` checks the key itself.
+    bearer = HTTPBearer(auto_error=False, scheme_name="apiKey", description="an --api-key")
+    secured = [Security(bearer)] if settings.api_keys else []
+    key_errors = (401,) if settings.api_keys else ()
 
     def tenant(request: Request) -> str:
         """The API key's tenant ('' when the server is open); 401 for a missing or wrong key."""
@@ -104,7 +118,14 @@ def build_app(settings: Settings) -> FastAPI:
         except grpc.aio.AioRpcError as err:
             raise from_grpc(err) from None
 
-    @app.get("/health")
+    @app.get(
+        "/health",
+        response_class=Response,
+        responses={
+            200: {"description": "Serving: the scheduler is up, with every required model."},
+            503: {"description": "Not serving (no body)."},
+        },
+    )
     async def health() -> Response:
         ok = await client().is_serving()
         if ok:
@@ -118,17 +139,33 @@ def build_app(settings: Settings) -> FastAPI:
             )
         return Response(status_code=200 if ok else 503)
 
-    @app.get("/version")
+    @app.get("/version", response_model=None, responses={200: {"model": VersionResponse}})
     async def version() -> dict:
         return {"version": kvledger.__version__}
 
-    metrics_guard = [] if settings.metrics_public else [Depends(tenant)]
+    metrics_guard = [] if settings.metrics_public else [*secured, Depends(tenant)]
 
-    @app.get("/metrics", dependencies=metrics_guard)
+    @app.get(
+        "/metrics",
+        dependencies=metrics_guard,
+        response_class=Response,
+        responses={
+            200: {
+                "description": "Prometheus text exposition format.",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            **error_responses(*(() if settings.metrics_public else key_errors)),
+        },
+    )
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models", dependencies=[Depends(tenant)])
+    @app.get(
+        "/v1/models",
+        response_model=None,
+        dependencies=[*secured, Depends(tenant)],
+        responses={200: {"model": ModelList}, **error_responses(*key_errors, 503)},
+    )
     async def list_models() -> dict:
         try:
             models = await client().models(refresh=True)
@@ -148,13 +185,29 @@ def build_app(settings: Settings) -> FastAPI:
             ],
         }
 
-    @app.post("/tokenize", dependencies=[Depends(tenant)])
+    @app.post(
+        "/tokenize",
+        response_model=None,
+        dependencies=[*secured, Depends(tenant)],
+        responses={
+            200: {"model": TokenizeResponse},
+            **error_responses(400, *key_errors, 404, 413, 503),
+        },
+    )
     async def tokenize(body: TokenizeRequest) -> dict:
         model = await model_for(body.model)
         ids = model.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens).ids
         return {"tokens": ids, "count": len(ids), "max_model_len": model.info.max_model_len}
 
-    @app.post("/detokenize", dependencies=[Depends(tenant)])
+    @app.post(
+        "/detokenize",
+        response_model=None,
+        dependencies=[*secured, Depends(tenant)],
+        responses={
+            200: {"model": DetokenizeResponse},
+            **error_responses(400, *key_errors, 404, 413, 503),
+        },
+    )
     async def detokenize(body: DetokenizeRequest) -> dict:
         model = await model_for(body.model)
         vocab = model.info.vocab_size
@@ -164,7 +217,22 @@ def build_app(settings: Settings) -> FastAPI:
             )
         return {"prompt": model.tokenizer.decode(body.tokens)}
 
-    @app.post("/v1/completions")
+    @app.post(
+        "/v1/completions",
+        dependencies=secured,
+        responses={
+            200: {
+                "model": CompletionResponse,
+                "description": "The completion; with `stream`, server-sent events.",
+                "content": {
+                    "text/event-stream": {
+                        "schema": CompletionStreamEvent.model_json_schema(),
+                    }
+                },
+            },
+            **error_responses(400, *key_errors, 404, 413, 429, 500, 503),
+        },
+    )
     async def completions(
         body: CompletionRequest, request: Request, who: str = Depends(tenant)
     ) -> Response:
@@ -181,13 +249,21 @@ def build_app(settings: Settings) -> FastAPI:
         await _until_disconnect(request, _drain(events))
         return JSONResponse(_completion_body(completion))
 
-    @app.post("/v1/embeddings")
+    @app.post(
+        "/v1/embeddings",
+        response_model=None,
+        dependencies=secured,
+        responses={
+            200: {"model": EmbeddingResponse},
+            **error_responses(400, *key_errors, 404, 413, 429, 500, 503),
+        },
+    )
     async def embeddings(
         body: EmbeddingRequest, request: Request, who: str = Depends(tenant)
     ) -> dict:
         del who
         model = await model_for(body.model)  # decoders embed too (last-token pooling)
-        inputs = tokenize_prompts(CompletionRequest(model=body.model, prompt=body.input), model)
+        inputs = tokenize_prompts(body.input, model, param="input")
         width = model.info.embedding_size
         if body.dimensions is not None and width and body.dimensions > width:
             raise APIError(
@@ -242,6 +318,26 @@ def build_app(settings: Settings) -> FastAPI:
         }
 
     return app
+
+
+def _document_errors_truthfully(app: FastAPI) -> None:
+    """FastAPI documents a 422 for every route with a body; this server answers every
+    validation error with a 400 in OpenAI's shape (declared on each route), never a 422."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = generate()
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    operation.get("responses", {}).pop("422", None)
+            components = schema.get("components", {}).get("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                components.pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 class RequestCounter:

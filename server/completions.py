@@ -17,7 +17,7 @@ from server.client import ServedModel
 from server.detokenizer import IncrementalDetokenizer
 from server.errors import APIError, from_grpc
 from server.limits import Limits, check_completion
-from server.protocol import CompletionRequest
+from server.protocol import CompletionRequest, Prompt
 
 
 @dataclass
@@ -171,8 +171,8 @@ class Completion:
         }
 
 
-def tokenize_prompts(body: CompletionRequest, model: ServedModel) -> list[list[int]]:
-    prompt = body.prompt
+def tokenize_prompts(prompt: Prompt, model: ServedModel, param: str = "prompt") -> list[list[int]]:
+    """Token ids of each prompt; `param` names the request's field in errors."""
     if isinstance(prompt, str):
         texts: list[str] | None = [prompt]
     elif prompt and all(isinstance(p, str) for p in prompt):
@@ -181,14 +181,14 @@ def tokenize_prompts(body: CompletionRequest, model: ServedModel) -> list[list[i
         texts = None
     if texts is not None:
         if any(not t for t in texts):
-            raise APIError(400, "prompt must not be empty", param="prompt")
+            raise APIError(400, f"{param} must not be empty", param=param)
         prompts = [e.ids for e in model.tokenizer.encode_batch(texts)]
     elif prompt and all(isinstance(p, int) for p in prompt):
         prompts = [list(prompt)]  # type: ignore[arg-type]
     else:
         prompts = [list(p) for p in prompt]  # type: ignore[union-attr]
     if not prompts or any(len(p) == 0 for p in prompts):
-        raise APIError(400, "prompt must not be empty", param="prompt")
+        raise APIError(400, f"{param} must not be empty", param=param)
     return prompts
 
 
@@ -203,7 +203,7 @@ def build_completion(
             "max_tokens must be at least 1 (0 only with echo: the prompt alone)",
             param="max_tokens",
         )
-    prompts = tokenize_prompts(body, model)
+    prompts = tokenize_prompts(body.prompt, model)
     check_completion(body, limits, len(prompts))
     limit = model.info.max_model_len
     completion = Completion(id=f"cmpl-{uuid.uuid4().hex}", model=model, body=body, prompts=prompts)
@@ -220,7 +220,7 @@ def build_completion(
                 f"requested {len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, "
                 f"{max_tokens} in the completion). Please reduce the length of the messages or "
                 "completion.",
-                param="messages",
+                param="prompt",
                 code="context_length_exceeded",
             )
         for n in range(body.n):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import grpc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 RETRY_AFTER_SECONDS = "1"
@@ -45,15 +49,69 @@ class APIError(Exception):
         return {
             "error": {
                 "message": self.message,
-                "type": _TYPES.get(self.status, "server_error"),
+                "type": error_type(self.status),
                 "param": self.param,
                 "code": self.code,
             }
         }
 
-    def response(self) -> JSONResponse:
-        headers = {"Retry-After": RETRY_AFTER_SECONDS} if self.status in (429, 503) else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+    def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
+        merged = dict(headers or {})
+        if self.status in (429, 503):
+            merged["Retry-After"] = RETRY_AFTER_SECONDS
+        return JSONResponse(self.body(), status_code=self.status, headers=merged or None)
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error type for a status; any other client error is an invalid request."""
+    if status in _TYPES:
+        return _TYPES[status]
+    return "invalid_request_error" if 400 <= status < 500 else "server_error"
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every error, whatever its status: OpenAI's shape."""
+
+    error: ErrorDetail
+
+
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying.",
+        "required": True,
+        "schema": {"type": "string"},
+    }
+}
+_ERROR_DESCRIPTIONS = {
+    400: "Invalid request: a malformed body, or a value out of range.",
+    401: "Missing or wrong API key.",
+    404: "Unknown model.",
+    413: "Request body too large.",
+    429: "The scheduler's queue is full.",
+    500: "The worker failed the request.",
+    503: "No worker serves the model, or the scheduler is unavailable.",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for a route's error statuses (FastAPI's `responses=`)."""
+    responses: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        entry: dict[str, Any] = {
+            "model": ErrorResponse,
+            "description": _ERROR_DESCRIPTIONS[status],
+        }
+        if status in (429, 503):
+            entry["headers"] = _RETRY_AFTER
+        responses[status] = entry
+    return responses
 
 
 def from_grpc(err: grpc.aio.AioRpcError) -> APIError:
@@ -67,6 +125,11 @@ def from_grpc(err: grpc.aio.AioRpcError) -> APIError:
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":
+        # Its loc is ("body", <character offset>): a position, not a parameter.
+        position = first.get("loc", ("body", 0))[-1]
+        reason = first.get("ctx", {}).get("error", "invalid JSON")
+        return f"The request body is not valid JSON: {reason} (character {position}).", None
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
     msg = first.get("msg", "invalid request")
@@ -85,8 +148,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return APIError(exc.status_code, str(exc.detail)).response()
+        # Keeps the exception's headers: a 405 must say which methods are allowed (`Allow`).
+        return APIError(exc.status_code, str(exc.detail)).response(headers=exc.headers)
 
     @app.exception_handler(grpc.aio.AioRpcError)
     async def _grpc(_: Request, exc: grpc.aio.AioRpcError) -> JSONResponse:
         return from_grpc(exc).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # A bug, but still an answer in OpenAI's shape (Starlette's default is plain text);
+        # Starlette re-raises the exception after this response, so its traceback is logged.
+        return APIError(500, "The server had an error while processing your request.").response()

@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 INT32_MAX = 2**31 - 1
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
+
+
+def _unicode_text(value: object) -> object:
+    """JSON can escape a lone UTF-16 surrogate (`"\\ud800"`); a string holding one is not text:
+    it cannot be tokenized, hashed, or written back in a response."""
+    for text in value if isinstance(value, list) else [value]:
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("must be valid Unicode text (no lone surrogates)") from None
+    return value
+
+
+def _text_fields(*names: str) -> Any:
+    """A validator for a model's fields that carry text the server reads."""
+    return field_validator(*names)(_unicode_text)
 
 
 class StreamOptions(BaseModel):
@@ -60,6 +77,8 @@ class CompletionRequest(BaseModel):
             raise ValueError("must be a finite number")
         return value
 
+    _check_text = _text_fields("model", "prompt", "stop", "cache_salt")
+
     @property
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -76,6 +95,8 @@ class EmbeddingRequest(BaseModel):
     dimensions: int | None = Field(None, ge=1, le=INT32_MAX)
     user: str | None = None
 
+    _check_text = _text_fields("model", "input")
+
 
 class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -83,8 +104,103 @@ class TokenizeRequest(BaseModel):
     prompt: str
     add_special_tokens: bool = True
 
+    _check_text = _text_fields("model", "prompt")
+
 
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str
     tokens: list[TokenId]
+
+    _check_text = _text_fields("model")
+
+
+# Response bodies. They document the OpenAPI schema only: the routes build plain dicts, so
+# nothing here filters or coerces what a client receives.
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage
+
+
+class CompletionStreamEvent(BaseModel):
+    """One server-sent event of a streamed completion. Its data is a JSON chunk shaped like a
+    completion (with `usage` only when `stream_options.include_usage`), an error object in
+    OpenAI's shape, or the final `[DONE]`."""
+
+    data: str
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="floats, or base64 of little-endian float32")
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str

@@ -10,9 +10,12 @@ import time
 import httpx
 import openai
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from server.errors import install_error_handlers
 from tests.serving import metric_sum, scrape, start_serve
 
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
@@ -236,6 +239,87 @@ def test_body_too_large_is_413_declared_or_chunked(http):
     )
     assert reply.status_code == 413
     assert reply.json()["error"]["message"].startswith("the request body is larger")
+
+
+LONE_SURROGATE = "\ud800"  # JSON may escape one; it is no Unicode text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "a" + LONE_SURROGATE, "max_tokens": 1}, "prompt"),
+        ("/v1/completions", {"prompt": ["ok", LONE_SURROGATE], "max_tokens": 1}, "prompt"),
+        ("/v1/completions", {"model": LONE_SURROGATE, "prompt": "x"}, "model"),
+        ("/v1/completions", {"prompt": "x", "cache_salt": LONE_SURROGATE}, "cache_salt"),
+        ("/v1/completions", {"prompt": "x", "stop": [LONE_SURROGATE]}, "stop"),
+        ("/v1/embeddings", {"input": LONE_SURROGATE}, "input"),
+        ("/tokenize", {"prompt": "a" + LONE_SURROGATE}, "prompt"),
+        ("/detokenize", {"model": LONE_SURROGATE, "tokens": [101]}, "model"),
+    ],
+)
+def test_lone_surrogates_are_400_not_500(http, served, path, body, param):
+    """A lone surrogate in a prompt, model name or cache salt made the tokenizer, the error body
+    or the salt's hash raise: a plain-text 500 (the schema fuzz now sends such strings)."""
+    payload = json.dumps({"model": MODEL} | body)  # json.dumps writes the escape "\ud800"
+    reply = http.post(path, content=payload, headers={"Content-Type": "application/json"})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert "surrogate" in error["message"]
+    assert idle(served)
+
+
+@pytest.mark.parametrize(("method", "path"), [("TRACE", "/health"), ("DELETE", "/v1/completions")])
+def test_wrong_method_is_405_with_allow_as_a_client_error(served, method, path):
+    """Found by the schema fuzz: a 405 lost its Allow header and was typed as a server error."""
+    reply = httpx.request(method, served.url + path)
+    assert reply.status_code == 405
+    assert reply.headers["allow"] == ("GET" if path == "/health" else "POST")
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+
+
+def test_malformed_json_names_no_param(http):
+    """The error used to carry the character offset as its param ("param": "10")."""
+    reply = http.post(
+        "/v1/completions", content=b'{"model": ', headers={"Content-Type": "application/json"}
+    )
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["param"] is None and error["type"] == "invalid_request_error"
+    assert "not valid JSON" in error["message"]
+
+
+def test_errors_name_the_endpoints_own_fields(http):
+    """An empty embeddings input was reported as param "prompt", and a completion too long for
+    the context as "messages": neither endpoint has such a field."""
+    reply = http.post("/v1/embeddings", json={"model": MODEL, "input": ""})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "input"
+    reply = http.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "word " * 2100, "max_tokens": None}
+    )
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "context_length_exceeded"
+    assert reply.json()["error"]["param"] == "prompt"
+
+
+def test_an_unexpected_exception_is_an_openai_shaped_500():
+    """Any bug left is still answered in OpenAI's shape (Starlette's default is plain text)."""
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("a bug")
+
+    reply = TestClient(app, raise_server_exceptions=False).get("/boom")
+    assert reply.status_code == 500
+    assert reply.headers["content-type"] == "application/json"
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "server_error" and "a bug" not in error["message"]
 
 
 def test_tokenize_roundtrip(http):

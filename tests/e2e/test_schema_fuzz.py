@@ -1,0 +1,268 @@
+"""Schema-driven fuzzing of the frontend's HTTP API: schemathesis reads the running frontend's
+own /openapi.json and sends generated requests, valid and invalid, over real HTTP to a live
+stack (frontend, scheduler, a generative and an embedding worker) started with an API key.
+
+Every response must conform to the schema (status codes, content types, headers, bodies), no
+response may be a 5xx, every error must be in OpenAI's shape, requests without the key must be
+refused, a wrong method must be a 405 that says which is allowed, invalid data must be refused,
+and afterwards the server must still complete and its ledger must be idle (the last test).
+
+Two of schemathesis' judgements are not this server's contract. Schema-valid requests may be
+refused: the server checks what the schema cannot say (token ids below the vocabulary size,
+non-empty prompts, the context length, the request limits), so positive_data_acceptance is off.
+And invalid values that pydantic's lax mode converts are accepted (see _not_a_lax_conversion).
+
+A failure prints schemathesis' seed; put it in the config ("seed": ...) to replay the run."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import strategies as st
+from schemathesis import engine
+from schemathesis.core.failures import AcceptedNegativeData
+from schemathesis.engine import Status, events
+
+from tests.e2e.test_frontend_api import idle
+from tests.serving import start_serve
+
+KEY = "key-schema-fuzz"
+MODEL, EMBEDDING_MODEL = "tiny-llama", "all-MiniLM-L6-v2"
+MAX_EXAMPLES = 50  # per operation, fuzzing phase; the coverage phase adds its own cases
+# The server's own limits keep generated work small: a context of 64 tokens caps max_tokens
+# (a larger request is a 400) and at most 16 sequences run per request.
+SERVER_LIMITS = (
+    "--max-model-len",
+    "64",
+    "--max-n",
+    "4",
+    "--max-prompts-per-request",
+    "16",
+    "--max-embedding-inputs",
+    "16",
+    "--num-kv-blocks",  # --debug-invariants checks the whole pool every step
+    "128",
+)
+OPENAI_ERROR_FIELDS = {"message", "type", "param", "code"}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    served = start_serve(
+        tmp_path_factory.mktemp("schema-fuzz"), "--api-key", KEY, *SERVER_LIMITS, embedding=True
+    )
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def http(served):
+    with httpx.Client(
+        base_url=served.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    ) as c:
+        yield c
+
+
+def _widened(ctx, body: object) -> st.SearchStrategy:  # noqa: ANN001
+    """Two things schemathesis seldom or never sends. JSON may escape a lone UTF-16 surrogate
+    ("\\ud800"), which it never generates (its strings are valid UTF-8): now and then one is
+    appended to a string field. And its valid completions are mostly minimal bodies, seldom
+    streamed: a third of the completions that do not say `stream` ask for it."""
+    if not isinstance(body, dict):
+        return st.just(body)
+    if ctx.operation.path == "/v1/completions" and "stream" not in body:
+        streamed = st.sampled_from([body, body, {**body, "stream": True}])
+    else:
+        streamed = st.just(body)
+    return streamed.flatmap(_with_lone_surrogate)
+
+
+def _with_lone_surrogate(body: dict) -> st.SearchStrategy:
+    texts = [k for k, v in body.items() if isinstance(v, str)]
+    choices = [None] * 4 + texts  # mostly the body as generated
+    return st.sampled_from(choices).map(
+        lambda key: body if key is None else {**body, key: body[key] + "\ud800"}
+    )
+
+
+@pytest.fixture(scope="module")
+def api_schema(served):
+    config = schemathesis.Config.from_dict(
+        {
+            "auth": {"openapi": {"apiKey": {"bearer": KEY}}},
+            # Every body names a served model (unknown names are other tests' business) and most
+            # ask for amounts the limits allow, so that many requests get past validation to the
+            # model: the coverage phase's boundary values of each field, too.
+            "operations": [
+                {"include-path": "/v1/embeddings", "parameters": {"body.model": EMBEDDING_MODEL}},
+                {"exclude-path": "/v1/embeddings", "parameters": {"body.model": MODEL}},
+            ],
+            "dictionaries": {
+                "small": {"values": [0, 1, 2, 3, 4, 5, 8]},
+                "widths": {"values": [1, 16, 256, 384, 385]},
+                "texts": {"values": ["The ledger says", "x", "東京 🎉 café", "[CLS] a [SEP]"]},
+            },
+            "parameters": {
+                "body.max_tokens": {"dictionary": "small", "probability": 0.7},
+                "body.n": {"dictionary": "small", "probability": 0.7},
+                "body.dimensions": {"dictionary": "widths", "probability": 0.7},
+                "body.prompt": {"dictionary": "texts", "probability": 0.5},
+                "body.input": {"dictionary": "texts", "probability": 0.5},
+            },
+            "generation": {"mode": "all", "max-examples": MAX_EXAMPLES, "unique-inputs": True},
+            "phases": {
+                "examples": {"enabled": True},
+                "coverage": {"enabled": True},
+                "fuzzing": {"enabled": True},
+                "stateful": {"enabled": False},
+            },
+            "checks": {
+                "positive_data_acceptance": {"enabled": False},
+                "max_response_time": 20.0,
+            },
+            "request-timeout": 30,
+        }
+    )
+    schema = schemathesis.openapi.from_url(f"{served.url}/openapi.json", config=config)
+    schema.hook("flatmap_body")(_widened)
+    schema.hook("filter_failure")(_not_a_lax_conversion)
+    return schema
+
+
+def _not_a_lax_conversion(_ctx, failure, case, _response) -> bool:  # noqa: ANN001
+    """Keeps every failure but one kind. The server validates bodies in pydantic's lax mode, as
+    vLLM does: a value of another JSON type that converts without loss (`true` or `1.0` for the
+    integer 1, `"2"` for 2, `0` for false) is accepted. schemathesis generates such values as
+    invalid data, and negative_data_rejection reports their acceptance; invalid data whose
+    every mutation is a change of JSON type, and which the server accepted, is such a case."""
+    if not isinstance(failure, AcceptedNegativeData) or case.meta is None:
+        return True
+    mutations = getattr(case.meta.phase.data, "mutations", ())
+    return not mutations or any(m.keywords != ("type",) for m in mutations)
+
+
+def test_the_schema_declares_what_the_server_does(served):
+    """What schemathesis cannot see from responses alone: no operation documents FastAPI's 422
+    (validation errors are 400s), every documented error is OpenAI's error object, and the
+    routes behind the API key say so."""
+    schema = httpx.get(f"{served.url}/openapi.json").json()
+    public = {"/health", "/version"}
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            where = f"{method.upper()} {path}"
+            responses = operation["responses"]
+            assert "422" not in responses, where
+            for status, response in responses.items():
+                if int(status) >= 400 and path != "/health":  # its 503 has no body
+                    body = response["content"]["application/json"]["schema"]
+                    assert body == {"$ref": "#/components/schemas/ErrorResponse"}, where
+            assert (operation.get("security") == [{"apiKey": []}]) == (path not in public), where
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+    assert schema["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
+
+
+def _body_fields(case) -> set[str]:  # noqa: ANN001
+    """Top-level properties of the operation's JSON request body, from the served schema."""
+    request_body = case.operation.definition.raw.get("requestBody", {})
+    schema = request_body.get("content", {}).get("application/json", {}).get("schema", {})
+    name = schema.get("$ref", "").rsplit("/", 1)[-1]
+    components = case.operation.schema.raw_schema.get("components", {}).get("schemas", {})
+    return set(components.get(name, {}).get("properties", {}))
+
+
+def _assert_openai_error(body: object, case, status: int, where: str) -> None:  # noqa: ANN001
+    assert isinstance(body, dict) and set(body) == {"error"}, f"{where}: {body!r}"
+    error = body["error"]
+    assert isinstance(error, dict) and set(error) == OPENAI_ERROR_FIELDS, f"{where}: {body!r}"
+    assert isinstance(error["message"], str) and error["message"], f"{where}: {body!r}"
+    assert isinstance(error["type"], str) and error["type"], f"{where}: {body!r}"
+    param = error["param"]
+    assert param is None or isinstance(param, str), f"{where}: {body!r}"
+    if param is not None:  # names a field of the request body (or an item of one)
+        field = param.split(".")[0]
+        assert field in _body_fields(case), f"{where}: param {param!r} is no field: {body!r}"
+    assert error["code"] is None or isinstance(error["code"], str), f"{where}: {body!r}"
+    if 400 <= status < 500:
+        assert error["type"] != "server_error", f"{where}: a client error typed as the server's"
+
+
+@schemathesis.check
+def openai_error_shape(ctx, response, case) -> None:  # noqa: ANN001
+    """Every error is JSON in OpenAI's shape: {"error": {"message", "type", "param", "code"}},
+    and so is an error that ends a stream; a stream's events are JSON, then `[DONE]`."""
+    del ctx
+    where = f"{case.method} {case.path} -> {response.status_code}"
+    content_type = response.headers.get("content-type", [""])[0]
+    if response.status_code >= 400:
+        assert content_type.startswith("application/json"), f"{where}: {content_type!r}"
+        _assert_openai_error(json.loads(response.content), case, response.status_code, where)
+    elif content_type.startswith("text/event-stream"):
+        lines = response.content.decode(errors="replace").split("\n")
+        data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+        if not response.stream_cut_short:
+            assert data and data[-1] == "[DONE]", f"{where}: stream without [DONE]: {data!r}"
+        data = data[:-1]  # [DONE], or an event the client stopped reading in the middle
+        for event in data:
+            chunk = json.loads(event)
+            if "error" in chunk:
+                _assert_openai_error(chunk, case, 500, f"{where} (in the stream)")
+            else:
+                assert chunk.get("object") == "text_completion", f"{where}: {chunk!r}"
+
+
+def test_every_operation_conforms_to_its_schema(api_schema):
+    """Runs schemathesis' engine, as `schemathesis run` does (its pytest integration does not
+    run under this pytest), over every operation: examples, coverage and fuzzing phases."""
+    operations = {op.ok().label for op in api_schema.get_all_operations()}
+    assert {"POST /v1/completions", "POST /v1/embeddings", "GET /v1/models"} <= operations
+    failures: set[str] = set()
+    errors: list[str] = []
+    statuses: dict[str, Counter[int]] = defaultdict(Counter)
+    for event in engine.from_schema(api_schema).execute():
+        if isinstance(event, events.ScenarioFinished):
+            recorder = event.recorder
+            for interaction in recorder.interactions.values():
+                if interaction.response is not None:
+                    statuses[recorder.label][interaction.response.status_code] += 1
+            for checks in recorder.checks.values():
+                for check in checks:
+                    if check.status == Status.FAILURE and check.failure_info is not None:
+                        info = check.failure_info
+                        failures.add(
+                            f"{recorder.label}: {info.failure.title}\n"
+                            f"{info.failure.message}\n{info.code_sample}"
+                        )
+        elif isinstance(event, (events.NonFatalError, events.FatalError)):
+            errors.append(repr(event.value if hasattr(event, "value") else event.exception))
+        elif isinstance(event, events.EngineFinished):
+            failures.update(f.title + "\n" + f.message for f in event.failures)
+    seen = {label: dict(sorted(counts.items())) for label, counts in statuses.items()}
+    seed = f"schemathesis seed {api_schema.config.seed}"
+    print(f"{seed}; statuses {seen}")
+    assert not errors, f"{seed}: {errors}"
+    assert not failures, f"{seed}\n" + "\n\n".join(sorted(failures))
+    assert set(seen) == operations, "every operation was exercised"
+    for label in operations:
+        assert any(200 <= code < 300 for code in seen[label]), f"{label} never succeeded: {seen}"
+
+
+def test_after_the_fuzz_the_server_serves_and_the_ledger_is_idle(served, http):
+    reply = http.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "still serving", "max_tokens": 2}
+    )
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    assert idle(served), "blocks, tracker entries or requests outlived the fuzz"
+    server_errors = []
+    for line in http.get("/metrics").text.splitlines():
+        key, _, value = line.rpartition(" ")
+        if not key.startswith("kvledger_http_requests_total{") or not float(value):
+            continue
+        # /health answers 503 while the stack starts; any other 5xx is a failure.
+        if 'status="5' in key and 'route="/health"' not in key:
+            server_errors.append(line)
+    assert not server_errors
