@@ -33,6 +33,7 @@ SYSTEM = (
 class Run:
     seconds: float
     ttft: list[float]
+    itl: list[float]  # gaps between a stream's successive token chunks
     output_tokens: int
     cached_tokens: int
     prompt_tokens: int
@@ -40,10 +41,13 @@ class Run:
 
 async def one(
     client: openai.AsyncOpenAI, prompt: str, max_tokens: int
-) -> tuple[float, int, int, int]:
-    """(TTFT, output tokens, cached prompt tokens, prompt tokens) of one streamed request."""
+) -> tuple[float, list[float], int, int, int]:
+    """(TTFT, inter-token gaps, output tokens, cached prompt tokens, prompt tokens) of one
+    streamed request."""
     start = time.perf_counter()
     first = None
+    last = 0.0
+    gaps: list[float] = []
     stream = await client.completions.create(
         model="tiny-llama",
         prompt=prompt,
@@ -55,13 +59,19 @@ async def one(
     )
     usage = None
     async for chunk in stream:
-        if chunk.choices and first is None:
-            first = time.perf_counter() - start
+        if chunk.choices:
+            now = time.perf_counter()
+            if first is None:
+                first = now - start
+            else:
+                gaps.append(now - last)
+            last = now
         if chunk.usage:
             usage = chunk.usage
     assert usage is not None, "the server sent no usage chunk"
     return (
         first or 0.0,
+        gaps,
         usage.completion_tokens,
         usage.prompt_tokens_details.cached_tokens,
         usage.prompt_tokens,
@@ -69,25 +79,28 @@ async def one(
 
 
 async def workload(url: str, n: int, concurrency: int, max_tokens: int) -> Run:
-    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=600)
     gate = asyncio.Semaphore(concurrency)
     results = []
+    # closed inside this event loop: each workload runs in its own asyncio.run
+    async with openai.AsyncOpenAI(
+        base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=600
+    ) as client:
 
-    async def guarded(i: int) -> None:
-        async with gate:
-            results.append(
-                await one(client, f"{SYSTEM} Question {i}: what is in block {i}?", max_tokens)
-            )
+        async def guarded(i: int) -> None:
+            async with gate:
+                prompt = f"{SYSTEM} Question {i}: what is in block {i}?"
+                results.append(await one(client, prompt, max_tokens))
 
-    start = time.perf_counter()
-    await asyncio.gather(*(guarded(i) for i in range(n)))
-    seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        await asyncio.gather(*(guarded(i) for i in range(n)))
+        seconds = time.perf_counter() - start
     return Run(
         seconds,
         [r[0] for r in results],
-        sum(r[1] for r in results),
+        [gap for r in results for gap in r[1]],
         sum(r[2] for r in results),
         sum(r[3] for r in results),
+        sum(r[4] for r in results),
     )
 
 
@@ -119,6 +132,8 @@ def main() -> None:
         ("output tokens/s", lambda r: r.output_tokens / r.seconds),
         ("TTFT p50 (ms)", lambda r: 1000 * statistics.median(r.ttft)),
         ("TTFT p90 (ms)", lambda r: 1000 * statistics.quantiles(r.ttft, n=10)[-1]),
+        ("inter-token p50 (ms)", lambda r: 1000 * statistics.median(r.itl)),
+        ("inter-token p90 (ms)", lambda r: 1000 * statistics.quantiles(r.itl, n=10)[-1]),
         ("prompt tokens cached (%)", lambda r: 100 * r.cached_tokens / max(r.prompt_tokens, 1)),
     ]
     print(
