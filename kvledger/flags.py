@@ -127,6 +127,14 @@ FLAGS: tuple[Flag, ...] = (
         default=4096,
     ),
     _f(
+        "--worker-step-timeout",
+        [SCHEDULER],
+        "seconds a worker may take to answer one plan before it counts as lost "
+        "(its requests move to another worker); 0 = wait forever",
+        type=float,
+        default=300.0,
+    ),
+    _f(
         "--debug-invariants",
         [SCHEDULER],
         "check every ledger invariant after every step",

@@ -18,12 +18,21 @@ from scheduler_svc.core.request import FinishReason, Request
 from scheduler_svc.core.stats import SchedulerSnapshot
 from scheduler_svc.link import WorkerLink
 from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
-from scheduler_svc.metrics import LedgerCollector, RequestMetrics
+from scheduler_svc.metrics import (
+    LedgerCollector,
+    LedgerReading,
+    LinkMetrics,
+    RequestMetrics,
+    RetiredLedgers,
+)
 
 log = logging.getLogger(__name__)
 
 # A cached token is worth this many queued requests when choosing a worker.
 CACHED_TOKENS_PER_QUEUED_REQUEST = 64
+# A worker whose plan has been out longer than this share of --worker-step-timeout is overdue:
+# it gets new requests only when no worker of its model that is not overdue can take them.
+OVERDUE_SHARE_OF_STEP_TIMEOUT = 0.5
 
 
 def _refreeze_gc() -> None:
@@ -58,6 +67,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
     max_waiting_requests: int = 4096
+    worker_step_timeout: float = 300.0  # seconds a plan may stay unanswered; 0 = no limit
     debug_invariants: bool = False
 
     @classmethod
@@ -74,29 +84,36 @@ class Engine:
         self.where: dict[str, WorkerLink] = {}
         self.known_models: set[str] = set()  # every model a worker ever registered
         self.metrics = RequestMetrics(self.registry)
-        self.registry.register(LedgerCollector(self.ledger_snapshots))
+        self.link_metrics = LinkMetrics(self.registry)
+        self.retired = RetiredLedgers()  # counters of the ledgers of lost workers
+        self.registry.register(LedgerCollector(self.ledger_readings))
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- workers ----
 
-    def ledger_snapshots(self) -> list[tuple[str, str, SchedulerSnapshot]]:
-        """Every ledger's counters, read on the engine's loop so that no step is half-seen
-        (the metrics endpoint calls this from its own thread)."""
+    def ledger_readings(self) -> list[LedgerReading]:
+        """Every ledger's counters and gauges, read on the engine's loop so that no step is
+        half-seen (the metrics endpoint calls this from its own thread). The counters of lost
+        workers' ledgers are kept, so an exported counter never goes down."""
 
-        def take() -> list[tuple[str, str, SchedulerSnapshot]]:
-            return [
+        def take() -> list[LedgerReading]:
+            return self.retired.readings(
                 (lk.model, lk.worker_id, lk.scheduler.snapshot())
                 for lk in list(self.links.values())
-            ]
+            )
 
         loop = self._loop
         if loop is None or not loop.is_running() or _on_loop(loop):
             return take()
 
-        async def on_loop() -> list[tuple[str, str, SchedulerSnapshot]]:
+        async def on_loop() -> list[LedgerReading]:
             return take()
 
         return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(timeout=5)
+
+    def ledger_snapshots(self) -> list[tuple[str, str, SchedulerSnapshot]]:
+        """(model, worker, snapshot) of every ledger, lost workers' included (gauges at 0)."""
+        return [(r.model, r.worker, r.snapshot) for r in self.ledger_readings()]
 
     def register(self, registration: worker_pb2.Registration) -> WorkerLink:
         if registration.worker_id in self.links:
@@ -104,6 +121,7 @@ class Engine:
                 grpc.StatusCode.ALREADY_EXISTS,
                 f"worker {registration.worker_id!r} is already connected",
             )
+        self._check_well_formed(registration)
         is_embed = registration.kind == frontend_pb2.MODEL_KIND_EMBED
         chunked = self.config.enable_chunked_prefill and not is_embed
         budget = self.config.max_num_batched_tokens
@@ -115,18 +133,24 @@ class Engine:
                 registration.max_model_len,
             )
             budget = registration.max_model_len
-        cfg = SchedulerConfig(
-            num_blocks=registration.num_blocks,
-            block_size=registration.block_size,
-            max_num_seqs=self.config.max_num_seqs,
-            max_num_batched_tokens=budget,
-            max_model_len=registration.max_model_len,
-            enable_prefix_caching=self.config.enable_prefix_caching and not is_embed,
-            enable_chunked_prefill=chunked,
-            policy=self.config.scheduling_policy,
-            kv_cache=not is_embed,
-            debug_invariants=self.config.debug_invariants,
-        )
+        try:
+            cfg = SchedulerConfig(
+                num_blocks=registration.num_blocks,
+                block_size=registration.block_size,
+                max_num_seqs=self.config.max_num_seqs,
+                max_num_batched_tokens=budget,
+                max_model_len=registration.max_model_len,
+                enable_prefix_caching=self.config.enable_prefix_caching and not is_embed,
+                enable_chunked_prefill=chunked,
+                policy=self.config.scheduling_policy,
+                kv_cache=not is_embed,
+                debug_invariants=self.config.debug_invariants,
+            )
+        except ValueError as err:  # a registration no ledger can be built for: permanent
+            raise PlacementError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"worker {registration.worker_id!r} cannot be served: {err}",
+            ) from err
         self._check_consistent(registration)
         self._loop = asyncio.get_running_loop()
         link = WorkerLink(registration, cfg, self._on_update)
@@ -141,6 +165,28 @@ class Engine:
             registration.block_size,
         )
         return link
+
+    @staticmethod
+    def _check_well_formed(reg: worker_pb2.Registration) -> None:
+        """A registration that could never work is refused as INVALID_ARGUMENT, which the
+        worker takes as final (retrying would only repeat it)."""
+        problems = []
+        if not reg.worker_id:
+            problems.append("worker_id is empty")
+        if not reg.model_name:
+            problems.append("model_name is empty")
+        if reg.kind not in (frontend_pb2.MODEL_KIND_GENERATE, frontend_pb2.MODEL_KIND_EMBED):
+            problems.append(f"kind {reg.kind} is neither generate nor embed")
+        for field in ("block_size", "max_model_len", "vocab_size"):
+            if getattr(reg, field) < 1:
+                problems.append(f"{field} is {getattr(reg, field)}, must be at least 1")
+        if reg.kind != frontend_pb2.MODEL_KIND_EMBED and reg.num_blocks < 1:
+            problems.append(f"num_blocks is {reg.num_blocks}: a generative worker needs KV blocks")
+        if problems:
+            raise PlacementError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"malformed registration of worker {reg.worker_id!r}: " + "; ".join(problems),
+            )
 
     def _check_consistent(self, reg: worker_pb2.Registration) -> None:
         """Workers of one model name must be interchangeable: requests move between them."""
@@ -160,6 +206,8 @@ class Engine:
             return
         del self.links[link.worker_id]
         orphans = link.close()
+        # The drained ledger's counters (its worker_lost releases among them) stay exported.
+        self.retired.retire(link.model, link.worker_id, link.scheduler.snapshot())
         log.warning("worker %s lost with %d live requests", link.worker_id, len(orphans))
         _refreeze_gc()  # after close(): the dropped pool must not stay frozen
         for live in orphans:
@@ -169,6 +217,22 @@ class Engine:
                 self._place(live)
             except PlacementError as err:
                 self._fail(live, err.code, f"worker lost and {err.message}")
+
+    def step_timed_out(self, link: WorkerLink) -> None:
+        """The worker has not answered its plan within --worker-step-timeout: it is alive
+        enough to keep its stream open but not to compute. Drop it like a broken stream."""
+        if self.links.get(link.worker_id) is not link:
+            return
+        log.error(
+            "worker %s (model %s) has not answered a plan in %.1f s (--worker-step-timeout "
+            "%g s): dropping it; its requests move to another worker",
+            link.worker_id,
+            link.model,
+            link.plan_outstanding_for(),
+            self.config.worker_step_timeout,
+        )
+        self.link_metrics.step_timeouts.labels(link.model, link.worker_id).inc()
+        self.unregister(link)
 
     def links_for(self, model: str) -> list[WorkerLink]:
         return [link for link in self.links.values() if link.model == model and link.alive]
@@ -288,9 +352,36 @@ class Engine:
             raise PlacementError(
                 grpc.StatusCode.UNAVAILABLE, f"no worker for model {live.model!r} is up"
             )
-        link = max(links, key=lambda lk: self._placement_score(lk, live.core))
+        links = self._able_to_serve(links, live.core)
+        link = max(links, key=lambda lk: self._placement_key(lk, live.core))
         self.where[live.request_id] = link
         link.add(live)
+
+    @staticmethod
+    def _able_to_serve(links: list[WorkerLink], core: Request) -> list[WorkerLink]:
+        """Workers of one model may differ in pool size (a CPU and a GPU worker). Keep those
+        whose ledger can hold the whole request (prompt plus max_tokens, up to the context
+        length); else those that can hold its prompt; else all, and the ledger ignores it
+        with its usual reason."""
+
+        def holds(link: WorkerLink, num_tokens: int) -> bool:
+            return link.scheduler.max_len >= min(num_tokens, link.scheduler.config.max_model_len)
+
+        whole = core.num_prompt_tokens + max(core.max_tokens, 0)
+        for need in (whole, core.num_prompt_tokens):
+            able = [link for link in links if holds(link, need)]
+            if able:
+                return able
+        return links
+
+    def _placement_key(self, link: WorkerLink, core: Request) -> tuple[bool, float, float]:
+        """Higher is better. A worker that hangs mid-step keeps its stream, its cached
+        prefixes, and (once its clients gave up) a load of 0: so first whether it is overdue,
+        then the score, and on a tie the link whose current plan has been out the shortest."""
+        waited = link.plan_outstanding_for()
+        limit = self.config.worker_step_timeout
+        overdue = limit > 0 and waited > limit * OVERDUE_SHARE_OF_STEP_TIMEOUT
+        return not overdue, self._placement_score(link, core), -waited
 
     def _placement_score(self, link: WorkerLink, core: Request) -> float:
         cached = 0

@@ -42,7 +42,14 @@ class WorkerLink:
         self._on_update = on_update
         self._wake = asyncio.Event()
         self._in_flight: SchedulerOutput | None = None
+        self.plan_sent_at: float | None = None  # monotonic time the unanswered plan left
         self.steps = 0
+
+    def plan_outstanding_for(self, now: float | None = None) -> float:
+        """Seconds the current plan has waited for its result (0 when none is out)."""
+        if self.plan_sent_at is None:
+            return 0.0
+        return max((time.monotonic() if now is None else now) - self.plan_sent_at, 0.0)
 
     @property
     def load(self) -> int:
@@ -66,6 +73,8 @@ class WorkerLink:
         """
         self.alive = False
         self._wake.set()
+        self._in_flight = None
+        self.plan_sent_at = None
         self.scheduler.drain("worker_lost")
         live = sorted(self.live.values(), key=lambda lv: lv.core.arrival_index)
         self.live.clear()
@@ -80,13 +89,20 @@ class WorkerLink:
             self._dispatch(out.finished)
             if not out.is_empty:
                 self._in_flight = out
+                self.plan_sent_at = time.monotonic()
                 self._note_scheduled(out)
                 return plan_from_output(out, self.live.__getitem__)
             await self._wake.wait()
 
     def apply_result(self, result: worker_pb2.StepResult) -> None:
+        if not self.alive:
+            # A result that arrives after the link was dropped (its worker timed out): the
+            # ledger is drained and its requests live elsewhere now. Never apply it.
+            log.warning("worker %s: result after the link was dropped, ignored", self.worker_id)
+            return
         out = self._in_flight or EMPTY_OUTPUT
         self._in_flight = None
+        self.plan_sent_at = None
         for emb in result.embeddings:
             live = self.live.get(emb.request_id)
             if live is not None:

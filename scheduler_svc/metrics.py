@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from scheduler_svc.core.stats import SchedulerSnapshot
+
 if TYPE_CHECKING:
-    from scheduler_svc.core.stats import SchedulerSnapshot
     from scheduler_svc.live import LiveRequest
 
 # Buckets wide enough for a 2-core CPU (seconds per token) and an H100 (milliseconds).
@@ -48,6 +50,90 @@ TOKEN_LATENCY_BUCKETS = (
     2.56,
     5.12,
 )
+
+
+# The snapshot's live gauges: they describe a ledger now and die with it. Every other field is
+# a monotonic counter, which outlives its ledger (see RetiredLedgers).
+GAUGE_FIELDS = frozenset(
+    {
+        "tracker_entries",
+        "blocks_total",
+        "blocks_in_use",
+        "blocks_cached",
+        "usage",
+        "num_running",
+        "num_waiting",
+    }
+)
+COUNTER_FIELDS = tuple(
+    f.name for f in dataclasses.fields(SchedulerSnapshot) if f.name not in GAUGE_FIELDS
+)
+
+
+_NO_GAUGES = {name: 0 for name in GAUGE_FIELDS} | {"usage": 0.0}
+
+
+def counters_only(snapshot: SchedulerSnapshot) -> SchedulerSnapshot:
+    """The snapshot with every gauge at 0."""
+    return dataclasses.replace(snapshot, **_NO_GAUGES)
+
+
+def add_counters(base: SchedulerSnapshot, more: SchedulerSnapshot) -> SchedulerSnapshot:
+    """`more` with `base`'s counters added to its own; the gauges stay `more`'s."""
+    values = {}
+    for name in COUNTER_FIELDS:
+        a, b = getattr(base, name), getattr(more, name)
+        if isinstance(a, dict):
+            merged = dict(a)
+            for key, n in b.items():
+                merged[key] = merged.get(key, 0) + n
+            values[name] = merged
+        else:
+            values[name] = a + b
+    return dataclasses.replace(more, **values)
+
+
+class LedgerReading(NamedTuple):
+    model: str
+    worker: str
+    snapshot: SchedulerSnapshot
+    live: bool  # False: the worker is gone; only its final counters remain
+
+
+class RetiredLedgers:
+    """The counters of ledgers whose worker is gone, per (model, worker).
+
+    A lost worker's ledger is dropped, but what it counted (hits, queries, evictions, its last
+    `worker_lost` releases, ...) must stay in the exported sums: a Prometheus counter that goes
+    down reads as a reset and makes `rate()` jump. A worker that registers again under the same
+    id continues from its old totals. Gauges are not kept: a gone worker holds nothing.
+    """
+
+    def __init__(self) -> None:
+        self._totals: dict[tuple[str, str], SchedulerSnapshot] = {}
+
+    def retire(self, model: str, worker: str, snapshot: SchedulerSnapshot) -> None:
+        key = (model, worker)
+        before = self._totals.get(key)
+        totals = snapshot if before is None else add_counters(before, snapshot)
+        self._totals[key] = counters_only(totals)
+
+    def readings(self, live: Iterable[tuple[str, str, SchedulerSnapshot]]) -> list[LedgerReading]:
+        """The live ledgers with their retired totals added, then the workers that are gone."""
+        out, seen = [], set()
+        for model, worker, snap in live:
+            key = (model, worker)
+            seen.add(key)
+            retired = self._totals.get(key)
+            out.append(
+                LedgerReading(
+                    model, worker, snap if retired is None else add_counters(retired, snap), True
+                )
+            )
+        for (model, worker), totals in self._totals.items():
+            if (model, worker) not in seen:
+                out.append(LedgerReading(model, worker, totals, False))
+        return out
 
 
 class RequestMetrics:
@@ -102,13 +188,25 @@ class RequestMetrics:
                 self.tpot.labels(model).observe((now - live.first_token_time) / (n_out - 1))
 
 
-class LedgerCollector(Collector):
-    """Reads every worker's ledger at scrape time, so the numbers are exactly the ledger's."""
+class LinkMetrics:
+    """Worker links the scheduler gave up on."""
 
-    def __init__(
-        self, snapshots: Callable[[], Iterable[tuple[str, str, SchedulerSnapshot]]]
-    ) -> None:
-        self._snapshots = snapshots  # (model, worker, snapshot), taken on the engine's loop
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.step_timeouts = Counter(
+            "kvledger_worker_step_timeouts_total",
+            "Workers dropped because a plan went unanswered past --worker-step-timeout",
+            ["model", "worker"],
+            registry=registry,
+        )
+
+
+class LedgerCollector(Collector):
+    """Reads every worker's ledger at scrape time, so the numbers are exactly the ledger's.
+
+    A gone worker's counters stay at their final values (its gauges disappear with it)."""
+
+    def __init__(self, readings: Callable[[], Iterable[LedgerReading]]) -> None:
+        self._readings = readings  # taken on the engine's loop
 
     def collect(self):  # noqa: ANN201 - prometheus_client's protocol
         labels = ["model", "worker"]
@@ -144,7 +242,7 @@ class LedgerCollector(Collector):
             "running": gauge("num_requests_running", "Requests running"),
             "waiting": gauge("num_requests_waiting", "Requests waiting"),
         }
-        for model, worker, snap in self._snapshots():
+        for model, worker, snap, live in self._readings():
             lv = [model, worker]
             fams["queries"].add_metric(lv, snap.prefix_cache_queries)
             fams["hits"].add_metric(lv, snap.prefix_cache_hits)
@@ -156,6 +254,8 @@ class LedgerCollector(Collector):
             fams["table_orphans"].add_metric(lv, snap.table_orphans)
             fams["evictions"].add_metric(lv, snap.evictions)
             fams["preemptions"].add_metric(lv, snap.preemptions)
+            if not live:
+                continue
             fams["entries"].add_metric(lv, snap.tracker_entries)
             fams["total"].add_metric(lv, snap.blocks_total)
             fams["in_use"].add_metric(lv, snap.blocks_in_use)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -12,7 +14,7 @@ from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2, worker_pb2_grpc
 from scheduler_svc.convert import response_from_update
 from scheduler_svc.core.request import FinishReason
 from scheduler_svc.engine import Engine, PlacementError
-from scheduler_svc.link import LinkClosed
+from scheduler_svc.link import LinkClosed, WorkerLink
 from scheduler_svc.live import LiveRequest, RequestFailure
 
 log = logging.getLogger(__name__)
@@ -134,7 +136,21 @@ class WorkerLinkServicer(worker_pb2_grpc.WorkerLinkServicer):
             return
         context.add_done_callback(lambda _ctx: self.engine.unregister(link))
         try:
-            async for message in messages:
+            while True:
+                try:
+                    message = await self._next_message(messages, link)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    # Alive enough to hold the stream, not to compute: the worker is lost.
+                    # Ending the call makes it reconnect (with an empty cache) once its step
+                    # returns, and nothing it sends on this call is read again.
+                    self.engine.step_timed_out(link)
+                    await context.abort(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"no step result within --worker-step-timeout "
+                        f"{self.engine.config.worker_step_timeout:g} s",
+                    )
                 if message.WhichOneof("kind") != "result":
                     await context.abort(
                         grpc.StatusCode.FAILED_PRECONDITION, "expected a step result"
@@ -145,3 +161,14 @@ class WorkerLinkServicer(worker_pb2_grpc.WorkerLinkServicer):
             return
         finally:
             self.engine.unregister(link)
+
+    async def _next_message(
+        self, messages: AsyncIterator[worker_pb2.WorkerMessage], link: WorkerLink
+    ) -> worker_pb2.WorkerMessage:
+        """The worker's next message; TimeoutError when it owes the result of a plan sent
+        more than --worker-step-timeout ago. An idle worker (no plan out) is never timed."""
+        limit = self.engine.config.worker_step_timeout
+        if limit <= 0 or link.plan_sent_at is None:
+            return await messages.__anext__()
+        remaining = link.plan_sent_at + limit - time.monotonic()
+        return await asyncio.wait_for(messages.__anext__(), max(remaining, 0.0))

@@ -17,6 +17,13 @@ from worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
+# The scheduler's answers that retrying cannot change: the worker exits.
+REFUSALS = (
+    grpc.StatusCode.UNAUTHENTICATED,  # bad --worker-auth-token
+    grpc.StatusCode.FAILED_PRECONDITION,  # differs from the other workers of its model
+    grpc.StatusCode.INVALID_ARGUMENT,  # a malformed registration
+)
+
 
 class WorkerLinkClient:
     def __init__(
@@ -47,13 +54,20 @@ class WorkerLinkClient:
             try:
                 self._serve_once()
             except grpc.RpcError as err:
-                if err.code() in (
-                    grpc.StatusCode.UNAUTHENTICATED,
-                    grpc.StatusCode.ALREADY_EXISTS,
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                ):
+                if err.code() in REFUSALS:
                     raise SystemExit(f"scheduler refused this worker: {err.details()}") from err
-                log.warning("link to scheduler %s lost: %s", self.target, err.code().name)
+                if err.code() == grpc.StatusCode.ALREADY_EXISTS:
+                    # Our id is still registered: the scheduler has not yet dropped the
+                    # connection this worker (or the one it replaces) had. It will.
+                    log.warning(
+                        "scheduler %s still holds worker id %r (%s); retrying in %.1f s",
+                        self.target,
+                        self.registration.worker_id,
+                        err.details(),
+                        backoff,
+                    )
+                else:
+                    log.warning("link to scheduler %s lost: %s", self.target, err.code().name)
             if time.monotonic() - started > 10:
                 backoff = 0.2
             self.stopping.wait(backoff)

@@ -1,0 +1,121 @@
+"""A lost worker's ledger is dropped, but its counters stay in /metrics: Prometheus counters
+never go down, and the releases a lost worker's drain counts (`worker_lost`) are seen."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+
+from kvledger.flags import SCHEDULER, parse
+from scheduler_svc.__main__ import start
+from tests.service.test_links import Worker, expected_tokens, generate, ledger_idle, wait_for
+from tests.service.test_live_counters import GatedRunner
+from tests.serving import free_port, scrape
+
+LEDGER_COUNTERS = (
+    "kvledger_prefix_cache_queries_total",
+    "kvledger_prefix_cache_hits_total",
+    "kvledger_tracker_stale_entries_total",
+    "kvledger_tracker_entries_released_total",
+    "kvledger_tracker_orphans_total",
+    "kvledger_block_table_orphans_total",
+    "kvledger_kv_block_evictions_total",
+    "kvledger_num_preemptions_total",
+)
+LEDGER_GAUGES = ("kvledger_kv_blocks_total", "kvledger_tracker_entries")
+
+
+@contextlib.contextmanager
+def scheduler_with_metrics():
+    loop = asyncio.new_event_loop()
+    port, metrics_port = free_port(), free_port()
+    args = parse(
+        SCHEDULER,
+        ["--grpc-port", str(port), "--metrics-port", str(metrics_port), "--debug-invariants"],
+        "t",
+    )
+    server, engine, _ = loop.run_until_complete(start(args, metrics=True))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    class Handle:
+        target = f"127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+
+        def call(self, fn, *a):  # noqa: ANN001, ANN202
+            async def run():  # noqa: ANN202
+                return fn(*a)
+
+            return asyncio.run_coroutine_threadsafe(run(), loop).result(10)
+
+    handle = Handle()
+    handle.engine = engine
+    try:
+        yield handle
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+def of_worker(samples: dict[str, float], worker: str, names: tuple[str, ...]) -> dict[str, float]:
+    return {
+        key: value
+        for key, value in samples.items()
+        if key.partition("{")[0] in names and f'worker="{worker}"' in key
+    }
+
+
+def assert_not_lower(before: dict[str, float], after: dict[str, float]) -> None:
+    for key, value in before.items():
+        assert after.get(key, 0.0) >= value, f"{key} went down: {value} -> {after.get(key)}"
+
+
+def test_a_lost_workers_counters_stay_exported_and_never_go_down():
+    with scheduler_with_metrics() as s:
+        gate = GatedRunner("r1", at=30)  # holds r1 on w0 until w0 is gone
+        w0 = Worker(s.target, "w0", runner=gate)
+        wait_for(lambda: len(s.engine.links) == 1)
+        shared = list(range(1, 13))
+        for rid in ("a", "b"):  # the second one hits the first one's blocks
+            assert [t for r in generate(s.target, rid, shared, 2) for t in r.token_ids] == (
+                expected_tokens(12, 2)
+            )
+        stream = generate(s.target, "r1", list(range(100, 119)), 40)
+        got = list(next(stream).token_ids)
+        assert gate.reached.wait(10)
+        before = of_worker(scrape(s.url), "w0", LEDGER_COUNTERS)
+        assert before[next(k for k in before if "prefix_cache_hits" in k)] > 0
+
+        w1 = Worker(s.target, "w1")
+        try:
+            wait_for(lambda: len(s.engine.links) == 2)
+            w0.client.stop()  # r1 moves to w1; w0's ledger is drained and dropped
+            gate.release.set()
+            w0.thread.join(5)
+            for response in stream:
+                got += response.token_ids
+            assert got == expected_tokens(19, 40)
+            wait_for(lambda: ledger_idle(s))
+
+            samples = scrape(s.url)
+            after = of_worker(samples, "w0", LEDGER_COUNTERS)
+            assert_not_lower(before, after)
+            lost = (
+                "kvledger_tracker_entries_released_total"
+                '{model="m",reason="worker_lost",worker="w0"}'
+            )
+            assert after[lost] == 1, "the drain's release of r1 is exported"
+            assert not of_worker(samples, "w0", LEDGER_GAUGES), "a gone worker has no gauges"
+
+            # The same worker id registers again: its counters go on from their totals.
+            w0 = Worker(s.target, "w0")
+            wait_for(lambda: len(s.engine.links) == 2)
+            again = of_worker(scrape(s.url), "w0", LEDGER_COUNTERS)
+            assert_not_lower(after, again)
+            assert of_worker(scrape(s.url), "w0", LEDGER_GAUGES), "live again: gauges are back"
+        finally:
+            gate.release.set()
+            w0.stop()
+            w1.stop()
