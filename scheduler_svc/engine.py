@@ -156,6 +156,8 @@ class Engine:
         link = WorkerLink(registration, cfg, self._on_update)
         self.links[link.worker_id] = link
         self.known_models.add(link.model)
+        # exported at 0 from the start, so a dashboard or an alert sees the series before it moves
+        self.link_metrics.step_timeouts.labels(link.model, link.worker_id)
         _refreeze_gc()
         log.info(
             "worker %s registered: model %s, %d blocks of %d tokens",

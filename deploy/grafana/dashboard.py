@@ -259,7 +259,17 @@ ROWS: list[Row] = [
                 "Duration of one forward step, per worker.",
                 quantiles("kvledger_worker_step_seconds", "worker", "{{worker}} "),
                 unit="s",
-                width=24,
+                width=18,
+            ),
+            Panel(
+                "Workers dropped by the step deadline",
+                "Workers that left a plan unanswered past --worker-step-timeout (a hung step) "
+                "and were dropped, their requests moved elsewhere. Should stay 0; if it moves "
+                "on a healthy but slow worker, raise the timeout (docs/operations.md).",
+                [(f"sum(kvledger_worker_step_timeouts_total{M})", "dropped")],
+                kind="stat",
+                width=6,
+                red_at=1,
             ),
         ],
     ),

@@ -22,8 +22,9 @@ from tests.deploy.tools import REPO, require, run
 
 GRAFANA = REPO / "deploy" / "grafana"
 
-# DESIGN section 9, plus two the code exports beyond it: kv_blocks_cached (the scheduler's
-# "blocks cached" gauge) and http_requests_total (the frontend's only metric).
+# DESIGN section 9, plus those the code exports beyond it: kv_blocks_cached (the scheduler's
+# "blocks cached" gauge), http_requests_total (the frontend's only metric) and
+# worker_step_timeouts_total (workers dropped by --worker-step-timeout).
 CONTRACT = {
     f"kvledger_{n}"
     for n in (
@@ -52,7 +53,11 @@ CONTRACT = {
         "worker_stale_block_hits_total",
     )
 }
-BEYOND_DESIGN = {"kvledger_kv_blocks_cached", "kvledger_http_requests_total"}
+BEYOND_DESIGN = {
+    "kvledger_kv_blocks_cached",
+    "kvledger_http_requests_total",
+    "kvledger_worker_step_timeouts_total",
+}
 HISTOGRAMS = {
     "kvledger_time_to_first_token_seconds",
     "kvledger_time_per_output_token_seconds",
