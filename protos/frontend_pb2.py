@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15protos/frontend.proto\x12\x11kvledger.frontend\"\x83\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x10\n\x08logprobs\x18\t \x01(\x05\x12\x1c\n\x0fprompt_logprobs\x18\n \x01(\rH\x01\x88\x01\x01\x42\x07\n\x05_seedB\x12\n\x10_prompt_logprobs\"b\n\x0cStopCriteria\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\r\x12\x12\n\nignore_eos\x18\x03 \x01(\x08\x12\x12\n\nmin_tokens\x18\x04 \x01(\r\"\xf3\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x33\n\x08sampling\x18\x04 \x01(\x0b\x32!.kvledger.frontend.SamplingParams\x12-\n\x04stop\x18\x05 \x01(\x0b\x32\x1f.kvledger.frontend.StopCriteria\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x19\n\x11skip_prefix_cache\x18\x08 \x01(\x08\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"]\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12*\n\x03top\x18\x03 \x03(\x0b\x32\x1d.kvledger.frontend.TopLogprob\"\xf0\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x03 \x01(\r\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x31\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\x12\x38\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x85\x01\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12+\n\x06inputs\x18\x03 \x03(\x0b\x32\x1b.kvledger.frontend.TokenIds\x12\x11\n\tnormalize\x18\x04 \x01(\x08\x12\x12\n\ndimensions\x18\x05 \x01(\r\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\\\n\rEmbedResponse\x12\x30\n\nembeddings\x18\x01 \x03(\x0b\x32\x1c.kvledger.frontend.Embedding\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x13\n\x11ListModelsRequest\"\xdc\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x04kind\x18\x02 \x01(\x0e\x32\x1c.kvledger.frontend.ModelKind\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x15\n\reos_token_ids\x18\x06 \x03(\r\x12\x13\n\x0bnum_workers\x18\x07 \x01(\r\x12\x12\n\nblock_size\x18\x08 \x01(\r\x12\x16\n\x0e\x65mbedding_size\x18\t \x01(\r\"B\n\x12ListModelsResponse\x12,\n\x06models\x18\x01 \x03(\x0b\x32\x1c.kvledger.frontend.ModelInfo\"\x19\n\x17ResetPrefixCacheRequest\")\n\x18ResetPrefixCacheResponse\x12\r\n\x05reset\x18\x01 \x01(\x08*V\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MODEL_KIND_GENERATE\x10\x01\x12\x14\n\x10MODEL_KIND_EMBED\x10\x02\x32\xc2\x03\n\tScheduler\x12U\n\x08Generate\x12\".kvledger.frontend.GenerateRequest\x1a#.kvledger.frontend.GenerateResponse0\x01\x12J\n\x05\x45mbed\x12\x1f.kvledger.frontend.EmbedRequest\x1a .kvledger.frontend.EmbedResponse\x12J\n\x05\x41\x62ort\x12\x1f.kvledger.frontend.AbortRequest\x1a .kvledger.frontend.AbortResponse\x12Y\n\nListModels\x12$.kvledger.frontend.ListModelsRequest\x1a%.kvledger.frontend.ListModelsResponse\x12k\n\x10ResetPrefixCache\x12*.kvledger.frontend.ResetPrefixCacheRequest\x1a+.kvledger.frontend.ResetPrefixCacheResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15protos/frontend.proto\x12\x11kvledger.frontend\"\x83\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x10\n\x08logprobs\x18\t \x01(\x05\x12\x1c\n\x0fprompt_logprobs\x18\n \x01(\rH\x01\x88\x01\x01\x42\x07\n\x05_seedB\x12\n\x10_prompt_logprobs\"b\n\x0cStopCriteria\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\r\x12\x12\n\nignore_eos\x18\x03 \x01(\x08\x12\x12\n\nmin_tokens\x18\x04 \x01(\r\"\xf3\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x33\n\x08sampling\x18\x04 \x01(\x0b\x32!.kvledger.frontend.SamplingParams\x12-\n\x04stop\x18\x05 \x01(\x0b\x32\x1f.kvledger.frontend.StopCriteria\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x19\n\x11skip_prefix_cache\x18\x08 \x01(\x08\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"]\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12*\n\x03top\x18\x03 \x03(\x0b\x32\x1d.kvledger.frontend.TopLogprob\"\xf0\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x03 \x01(\r\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x31\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\x12\x38\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x85\x01\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12+\n\x06inputs\x18\x03 \x03(\x0b\x32\x1b.kvledger.frontend.TokenIds\x12\x11\n\tnormalize\x18\x04 \x01(\x08\x12\x12\n\ndimensions\x18\x05 \x01(\r\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\\\n\rEmbedResponse\x12\x30\n\nembeddings\x18\x01 \x03(\x0b\x32\x1c.kvledger.frontend.Embedding\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\"2\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x13\n\x11ListModelsRequest\"\xdc\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x04kind\x18\x02 \x01(\x0e\x32\x1c.kvledger.frontend.ModelKind\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x15\n\reos_token_ids\x18\x06 \x03(\r\x12\x13\n\x0bnum_workers\x18\x07 \x01(\r\x12\x12\n\nblock_size\x18\x08 \x01(\r\x12\x16\n\x0e\x65mbedding_size\x18\t \x01(\r\"B\n\x12ListModelsResponse\x12,\n\x06models\x18\x01 \x03(\x0b\x32\x1c.kvledger.frontend.ModelInfo\"\x19\n\x17ResetPrefixCacheRequest\")\n\x18ResetPrefixCacheResponse\x12\r\n\x05reset\x18\x01 \x01(\x08*V\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MODEL_KIND_GENERATE\x10\x01\x12\x14\n\x10MODEL_KIND_EMBED\x10\x02\x32\xc2\x03\n\tScheduler\x12U\n\x08Generate\x12\".kvledger.frontend.GenerateRequest\x1a#.kvledger.frontend.GenerateResponse0\x01\x12J\n\x05\x45mbed\x12\x1f.kvledger.frontend.EmbedRequest\x1a .kvledger.frontend.EmbedResponse\x12J\n\x05\x41\x62ort\x12\x1f.kvledger.frontend.AbortRequest\x1a .kvledger.frontend.AbortResponse\x12Y\n\nListModels\x12$.kvledger.frontend.ListModelsRequest\x1a%.kvledger.frontend.ListModelsResponse\x12k\n\x10ResetPrefixCache\x12*.kvledger.frontend.ResetPrefixCacheRequest\x1a+.kvledger.frontend.ResetPrefixCacheResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.frontend_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODELKIND']._serialized_start=1775
-  _globals['_MODELKIND']._serialized_end=1861
+  _globals['_MODELKIND']._serialized_start=1791
+  _globals['_MODELKIND']._serialized_end=1877
   _globals['_SAMPLINGPARAMS']._serialized_start=45
   _globals['_SAMPLINGPARAMS']._serialized_end=304
   _globals['_STOPCRITERIA']._serialized_start=306
@@ -54,19 +54,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EMBEDRESPONSE']._serialized_start=1229
   _globals['_EMBEDRESPONSE']._serialized_end=1321
   _globals['_ABORTREQUEST']._serialized_start=1323
-  _globals['_ABORTREQUEST']._serialized_end=1357
-  _globals['_ABORTRESPONSE']._serialized_start=1359
-  _globals['_ABORTRESPONSE']._serialized_end=1391
-  _globals['_LISTMODELSREQUEST']._serialized_start=1393
-  _globals['_LISTMODELSREQUEST']._serialized_end=1412
-  _globals['_MODELINFO']._serialized_start=1415
-  _globals['_MODELINFO']._serialized_end=1635
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1637
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1703
-  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=1705
-  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=1730
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=1732
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=1773
-  _globals['_SCHEDULER']._serialized_start=1864
-  _globals['_SCHEDULER']._serialized_end=2314
+  _globals['_ABORTREQUEST']._serialized_end=1373
+  _globals['_ABORTRESPONSE']._serialized_start=1375
+  _globals['_ABORTRESPONSE']._serialized_end=1407
+  _globals['_LISTMODELSREQUEST']._serialized_start=1409
+  _globals['_LISTMODELSREQUEST']._serialized_end=1428
+  _globals['_MODELINFO']._serialized_start=1431
+  _globals['_MODELINFO']._serialized_end=1651
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1653
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1719
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=1721
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=1746
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=1748
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=1789
+  _globals['_SCHEDULER']._serialized_start=1880
+  _globals['_SCHEDULER']._serialized_end=2330
 # @@protoc_insertion_point(module_scope)

@@ -293,17 +293,20 @@ class Engine:
         )
         return self._admit(live)
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> bool:
+        """Ends a request from outside: ABORT when its client gave up, STOP when the frontend
+        finished it on a stop string."""
         live = self.requests.pop(request_id, None)
         if live is None:
             return False
         live.done = True
         link = self.where.pop(request_id, None)
         if link is not None:
-            link.abort(request_id)
-        self.metrics.finished(live, FinishReason.ABORT.value)
+            link.abort(request_id, reason)
+        self.metrics.finished(live, reason.value)
         # Wakes a stream still waiting on it (an Abort RPC from another caller).
-        live.updates.put_nowait(RequestFailure(grpc.StatusCode.CANCELLED, "request aborted"))
+        message = "request aborted" if reason is FinishReason.ABORT else "finished by caller"
+        live.updates.put_nowait(RequestFailure(grpc.StatusCode.CANCELLED, message))
         return True
 
     def reset_prefix_cache(self) -> bool:

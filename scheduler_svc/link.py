@@ -11,6 +11,7 @@ from protos import frontend_pb2, worker_pb2
 from scheduler_svc.convert import model_result_from, plan_from_output
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.output import RequestUpdate, SchedulerOutput
+from scheduler_svc.core.request import FinishReason
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.live import Delivery, LiveRequest
 
@@ -60,8 +61,8 @@ class WorkerLink:
         self.scheduler.add_request(live.core)
         self._wake.set()
 
-    def abort(self, request_id: str) -> None:
-        if self.scheduler.abort_request(request_id):
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
+        if self.scheduler.abort_request(request_id, reason):
             self._wake.set()  # the next plan tells the worker to drop it
         self.live.pop(request_id, None)
 

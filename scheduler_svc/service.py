@@ -89,7 +89,14 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
     async def Abort(
         self, request: frontend_pb2.AbortRequest, context: grpc.aio.ServicerContext
     ) -> frontend_pb2.AbortResponse:
-        return frontend_pb2.AbortResponse(aborted=self.engine.abort(request.request_id))
+        reasons = {"": FinishReason.ABORT, "abort": FinishReason.ABORT, "stop": FinishReason.STOP}
+        reason = reasons.get(request.reason)
+        if reason is None:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"abort reason {request.reason!r} is neither 'abort' nor 'stop'",
+            )
+        return frontend_pb2.AbortResponse(aborted=self.engine.abort(request.request_id, reason))
 
     async def ListModels(
         self, request: frontend_pb2.ListModelsRequest, context: grpc.aio.ServicerContext

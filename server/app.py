@@ -7,6 +7,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -49,6 +50,7 @@ from server.protocol import (
     VersionResponse,
 )
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 DISCONNECT_POLL_SECONDS = 0.05
 
@@ -122,21 +124,29 @@ def build_app(settings: Settings) -> FastAPI:
         "/health",
         response_class=Response,
         responses={
-            200: {"description": "Serving: the scheduler is up, with every required model."},
+            200: {
+                "description": "Serving: the scheduler is up, at least one model can be served, "
+                "and so can every required model (a model can be served when a worker has it "
+                "and this frontend could load its tokenizer)."
+            },
             503: {"description": "Not serving (no body)."},
         },
     )
     async def health() -> Response:
-        ok = await client().is_serving()
-        if ok:
-            try:
-                models = await client().models(refresh=True)
-            except grpc.aio.AioRpcError:
-                models = {}
-            ok = bool(models) and all(
-                name in models and models[name].info.num_workers > 0
-                for name in settings.require_models
-            )
+        try:
+            ok = await client().is_serving()
+            if ok:
+                try:
+                    models = await client().models(refresh=True)
+                except grpc.aio.AioRpcError:
+                    models = {}
+                ok = bool(models) and all(
+                    name in models and models[name].info.num_workers > 0
+                    for name in settings.require_models
+                )
+        except Exception:  # a health check answers; it never fails with a 500
+            log.exception("health check failed")
+            ok = False
         return Response(status_code=200 if ok else 503)
 
     @app.get("/version", response_model=None, responses={200: {"model": VersionResponse}})
@@ -377,7 +387,11 @@ async def _drain(events: AsyncIterator[Completion | object]) -> None:
 
 
 async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Runs work; a client that goes away cancels it (which aborts its requests)."""
+    """Runs work; a client that goes away cancels it (which aborts its requests).
+
+    Whatever way this returns, the work has finished: a cancelled task is waited for, so
+    that it has left (and cleaned up) any generator it was running before the caller goes
+    on, perhaps to close that generator."""
     task = asyncio.ensure_future(work)
     try:
         while True:
@@ -385,11 +399,20 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
             if done:
                 return task.result()
             if await request.is_disconnected():
-                task.cancel()
+                await _cancel_and_wait(task)
                 raise APIError(499, "client disconnected")
     finally:
         if not task.done():
-            task.cancel()
+            await _cancel_and_wait(task)
+
+
+async def _cancel_and_wait(task: asyncio.Future) -> None:
+    """Cancels the task and waits until it is done; its outcome is dropped (asyncio.wait
+    never raises it), while a cancellation of the caller itself still propagates."""
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved: a failure while it was being cancelled is not logged
 
 
 def _choice_body(index: int, text: str, finish: str | None, logprobs: dict | None) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,12 @@ from kvledger.rpc import CHANNEL_OPTIONS
 from protos import frontend_pb2, frontend_pb2_grpc
 from server.errors import APIError
 
+log = logging.getLogger(__name__)
+
 CATALOG_TTL_SECONDS = 1.0
+# A model directory whose tokenizer failed to load is tried again at most this often: a volume
+# mounted late is picked up, and a broken file is not parsed again on every catalogue refresh.
+TOKENIZER_RETRY_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -39,8 +45,11 @@ class SchedulerClient:
         self.stub = frontend_pb2_grpc.SchedulerStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self._models: dict[str, ServedModel] = {}
+        # Registered models this frontend cannot serve: name -> why (its tokenizer won't load).
+        self.unloadable: dict[str, str] = {}
         self._fetched_at = -1e9
         self._tokenizers: dict[str, Tokenizer] = {}
+        self._tokenizer_failures: dict[str, tuple[str, float]] = {}  # path -> (why, when)
         self._lock = asyncio.Lock()
 
     async def close(self) -> None:
@@ -54,19 +63,33 @@ class SchedulerClient:
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     async def models(self, refresh: bool = False) -> dict[str, ServedModel]:
+        """The models this frontend can serve: registered, and with a tokenizer it could load.
+        The others are in `unloadable`; one of them never keeps the rest from serving."""
         async with self._lock:
             if refresh or time.monotonic() - self._fetched_at > CATALOG_TTL_SECONDS:
                 reply = await self.stub.ListModels(frontend_pb2.ListModelsRequest(), timeout=5.0)
-                self._models = {
-                    m.name: ServedModel(m, self._tokenizer(m.model_path)) for m in reply.models
-                }
+                models, unloadable = {}, {}
+                for m in reply.models:
+                    try:
+                        models[m.name] = ServedModel(m, self._tokenizer(m.name, m.model_path))
+                    except TokenizerUnavailable as err:
+                        unloadable[m.name] = str(err)
+                self._models, self.unloadable = models, unloadable
                 self._fetched_at = time.monotonic()
             return self._models
 
     async def model(self, name: str) -> ServedModel:
         models = await self.models()
-        if name not in models:
+        if name not in models and name not in self.unloadable:
             models = await self.models(refresh=True)
+        if name not in models and name in self.unloadable:
+            raise APIError(
+                503,
+                f"The model `{name}` is unavailable: this server cannot load its tokenizer "
+                "from the model directory its worker reported (the frontend's log says why).",
+                param="model",
+                code="model_unavailable",
+            )
         if name not in models and name in self.required_models:
             raise APIError(503, f"no worker for model `{name}` is up", param="model")
         if name not in models:
@@ -75,11 +98,38 @@ class SchedulerClient:
             )
         return models[name]
 
-    def _tokenizer(self, model_path: str) -> Tokenizer:
-        if model_path not in self._tokenizers:
-            tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
-            # Some checkpoints ship padding/truncation for training; lengths are checked here.
-            tokenizer.no_padding()
-            tokenizer.no_truncation()
-            self._tokenizers[model_path] = tokenizer
-        return self._tokenizers[model_path]
+    def _tokenizer(self, name: str, model_path: str) -> Tokenizer:
+        """The tokenizer in the model's directory (loaded once); TokenizerUnavailable when it
+        cannot be loaded here (another host's path, a volume not mounted, a broken file),
+        logged once per cause, not on every catalogue refresh."""
+        if model_path in self._tokenizers:
+            return self._tokenizers[model_path]
+        failed = self._tokenizer_failures.get(model_path)
+        if failed is not None and time.monotonic() - failed[1] < TOKENIZER_RETRY_SECONDS:
+            raise TokenizerUnavailable(failed[0])
+        file = Path(model_path) / "tokenizer.json"
+        try:
+            tokenizer = Tokenizer.from_file(str(file))
+        except Exception as err:  # noqa: BLE001 - any failure: this one model is unavailable
+            why = f"cannot load {file}: {err}"
+            if failed is None or failed[0] != why:
+                log.error(
+                    "model %s: %s; its requests are answered 503 until it can be loaded "
+                    "(other models are not affected)",
+                    name,
+                    why,
+                )
+            self._tokenizer_failures[model_path] = (why, time.monotonic())
+            raise TokenizerUnavailable(why) from err
+        if failed is not None:
+            log.info("model %s: tokenizer loaded from %s", name, file)
+            del self._tokenizer_failures[model_path]
+        # Some checkpoints ship padding/truncation for training; lengths are checked here.
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self._tokenizers[model_path] = tokenizer
+        return tokenizer
+
+
+class TokenizerUnavailable(Exception):
+    """A model's tokenizer cannot be loaded by this frontend."""

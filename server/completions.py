@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 import uuid
@@ -18,6 +19,10 @@ from server.detokenizer import IncrementalDetokenizer
 from server.errors import APIError, from_grpc
 from server.limits import Limits, check_completion
 from server.protocol import CompletionRequest, Prompt
+
+FINISH_TIMEOUT_SECONDS = 2.0
+SEED_RANGE = 2**64  # SamplingParams.seed is a uint64
+LOGPROB_FLOOR = -9999.0  # vLLM's: JSON has no -inf
 
 
 @dataclass
@@ -72,7 +77,7 @@ class ChoiceLogprobs:
         top: dict[str, float] | None,
     ) -> None:
         """A generated token whose text starts at `offset` of the generated text."""
-        self.output.add(token, _finite(entry.logprob), top, self.echo_length + offset)
+        self.output.add(token, _json_logprob(entry.logprob), top, self.echo_length + offset)
 
     def truncate(self, text_length: int) -> None:
         """A stop string cut the generated text: drop the tokens that now lie past its end."""
@@ -102,8 +107,13 @@ def _joined(first: dict, second: dict) -> dict:
     return {key: first[key] + second[key] for key in first}
 
 
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
+def _json_logprob(value: float) -> float | None:
+    """A logprob as JSON can carry it, as vLLM does: -inf (a token the model gives no chance,
+    or logits spread beyond float32) is clamped to -9999.0; NaN (the scheduler's mark for a
+    logprob the worker did not send) and +inf (never a logprob) are null."""
+    if math.isnan(value) or value == math.inf:
+        return None
+    return max(value, LOGPROB_FLOOR)
 
 
 @dataclass(frozen=True)
@@ -223,10 +233,10 @@ def build_completion(
                 param="prompt",
                 code="context_length_exceeded",
             )
-        for n in range(body.n):
+        for sample in range(body.n):
             index = len(completion.choices)
             request = _generate_request(
-                body, model, prompt, max_tokens, salt, f"{completion.id}-{index}"
+                body, model, prompt, max_tokens, salt, f"{completion.id}-{index}", sample
             )
             detok = IncrementalDetokenizer(model.tokenizer, prompt, body.skip_special_tokens)
             choice = Choice(index, p_index, request, detok, echo_only=body.max_tokens == 0)
@@ -236,7 +246,6 @@ def build_completion(
                     choice.logprobs.echo_length = len(completion.echoes[p_index].text)
                     choice.logprobs.awaiting_prompt = True
             completion.choices.append(choice)
-            del n
     return completion
 
 
@@ -247,6 +256,7 @@ def _generate_request(
     max_tokens: int,
     salt: str,
     request_id: str,
+    sample_index: int = 0,
 ) -> frontend_pb2.GenerateRequest:
     temperature = 1.0 if body.temperature is None else body.temperature
     sampling = frontend_pb2.SamplingParams(
@@ -260,7 +270,9 @@ def _generate_request(
         logprobs=-1 if body.logprobs is None else body.logprobs,
     )
     if body.seed is not None:
-        sampling.seed = body.seed
+        # The n samples of a prompt differ, yet the whole response is reproducible (vLLM's
+        # seed + index); the worker's noise depends only on (seed, position).
+        sampling.seed = (body.seed + sample_index) % SEED_RANGE
     scores_prompt = body.echo and body.logprobs is not None
     if scores_prompt:
         sampling.prompt_logprobs = body.logprobs
@@ -302,6 +314,8 @@ async def run_choice(
                 length = response.finish_reason == "length" or choice.echo_only
                 choice.finish_reason = "length" if length else "stop"
             if stops and _cut_at_stop(choice, stops):
+                if not response.finish_reason:
+                    await _finish_early(stub, choice.request.request_id)
                 choice.finish_reason = "stop"
                 if choice.logprobs is not None:
                     choice.logprobs.truncate(len(choice.text))
@@ -312,6 +326,17 @@ async def run_choice(
         raise from_grpc(err) from None
     finally:
         call.cancel()  # no-op when finished; aborts the request when we stop early
+
+
+async def _finish_early(stub: frontend_pb2_grpc.SchedulerStub, request_id: str) -> None:
+    """A stop string ended a request the scheduler still runs: tell it that the request
+    finished (not that its client gave up) before the call is cancelled. If this fails, the
+    cancellation still ends the request, counted as an abort."""
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        await stub.Abort(
+            frontend_pb2.AbortRequest(request_id=request_id, reason="stop"),
+            timeout=FINISH_TIMEOUT_SECONDS,
+        )
 
 
 def _push(completion: Completion, choice: Choice, response: frontend_pb2.GenerateResponse) -> None:
@@ -344,7 +369,7 @@ def _add_prompt_logprobs(
     scored: list[frontend_pb2.TokenLogprob | None] = [None, *entries]
     for i, token in enumerate(prompt):
         entry = scored[i] if i < len(scored) else None
-        logprob = _finite(entry.logprob) if entry is not None else None
+        logprob = _json_logprob(entry.logprob) if entry is not None else None
         top = _top(completion, entry) if entry is not None else None
         choice.logprobs.prompt.add(_token_text(completion, token), logprob, top, offsets[i])
     choice.logprobs.awaiting_prompt = False
@@ -357,7 +382,12 @@ def _token_text(completion: Completion, token: int) -> str:
 def _top(completion: Completion, entry: frontend_pb2.TokenLogprob) -> dict[str, float] | None:
     if not completion.body.logprobs:
         return None
-    return {_token_text(completion, t.token_id): t.logprob for t in entry.top}
+    top = {}
+    for t in entry.top:
+        logprob = _json_logprob(t.logprob)
+        if logprob is not None:  # a dict of numbers: an alternative without one is left out
+            top[_token_text(completion, t.token_id)] = logprob
+    return top
 
 
 def _cut_at_stop(choice: Choice, stops: list[str]) -> bool:

@@ -124,11 +124,14 @@ class Scheduler:
         if self.config.debug_invariants:
             self.check_invariants()
 
-    def abort_request(self, request_id: str) -> bool:
+    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> bool:
+        """Ends a live request from outside: its client gave up (ABORT), or the frontend saw
+        it finish (STOP: a stop string the scheduler cannot see, since it holds no text)."""
         request = self.requests.get(request_id)
         if request is None:
             return False
-        self._finish(request, FinishReason.ABORT, "", "aborted")
+        release = "aborted" if reason is FinishReason.ABORT else "finished"
+        self._finish(request, reason, "", release)
         if self.config.debug_invariants:
             self.check_invariants()
         return True

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scheduler_svc.core import RequestStatus
+from scheduler_svc.core import FinishReason, RequestStatus
 from tests.core.fakes import Harness, request
 
 STATES = ["waiting", "mid_prefill", "decoding", "preempted", "finished", "unknown"]
@@ -75,3 +75,18 @@ def test_abort_between_schedule_and_update_ignores_the_late_token(kv: bool) -> N
     assert h.sched.update_from_output(out, result) == []
     assert h.outputs("r") == [1006]
     h.run_to_idle()
+
+
+def test_a_request_the_frontend_finished_on_a_stop_string_counts_as_stop(kv: bool) -> None:
+    h = Harness.build(kv)
+    h.add(request("r", range(6), max_tokens=10))
+    h.step()
+    h.step()
+    stats = h.sched.stats
+    assert h.sched.abort_request("r", FinishReason.STOP)
+    assert stats.requests_finished["stop"] == 1 and stats.requests_finished["abort"] == 0
+    assert stats.entries_released["finished"] == 1 and stats.entries_released["aborted"] == 0
+    assert "r" not in h.sched.tracker.entries and not h.sched.kv.has_table("r")
+    assert "r" in h.step().dropped_request_ids
+    h.run_to_idle()
+    assert h.sched.snapshot().blocks_in_use == 0 and len(h.sched.tracker) == 0

@@ -430,6 +430,22 @@ def test_n_choices_share_the_prompt_blocks(client):
     assert out.usage.prompt_tokens_details.cached_tokens >= 16
 
 
+def test_n_choices_with_a_seed_differ_and_the_response_repeats(client):
+    kwargs = dict(
+        model=MODEL,
+        prompt="seeded choices",
+        max_tokens=12,
+        temperature=1.0,
+        seed=1234,
+        extra_body={"ignore_eos": True},
+    )
+    texts = [c.text for c in client.completions.create(n=3, **kwargs).choices]
+    assert len(set(texts)) == 3, texts  # each choice draws its own sample (seed + index)
+    again = [c.text for c in client.completions.create(n=3, **kwargs).choices]
+    assert again == texts
+    assert client.completions.create(n=1, **kwargs).choices[0].text == texts[0]
+
+
 def test_multibyte_text_streams_exactly_as_it_completes(client):
     prompt = "東京 🎉 café naïve — 漢字 and emoji 😀 "
     kwargs = dict(
