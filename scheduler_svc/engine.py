@@ -357,36 +357,40 @@ class Engine:
             raise PlacementError(
                 grpc.StatusCode.UNAVAILABLE, f"no worker for model {live.model!r} is up"
             )
-        links = self._able_to_serve(links, live.core)
+        links = self._candidates(links, live.core)
         link = max(links, key=lambda lk: self._placement_key(lk, live.core))
         self.where[live.request_id] = link
         link.add(live)
 
-    @staticmethod
-    def _able_to_serve(links: list[WorkerLink], core: Request) -> list[WorkerLink]:
-        """Workers of one model may differ in pool size (a CPU and a GPU worker). Keep those
-        whose ledger can hold the whole request (prompt plus max_tokens, up to the context
-        length); else those that can hold its prompt; else all, and the ledger ignores it
-        with its usual reason."""
+    def _candidates(self, links: list[WorkerLink], core: Request) -> list[WorkerLink]:
+        """The workers worth choosing among, best tier first. Workers of one model may differ
+        in pool size (a CPU and a GPU worker): those whose ledger holds the whole request
+        (prompt plus max_tokens, up to the context length), else those that hold its prompt.
+        A worker that is not overdue comes before one that is, whatever its pool: an overdue
+        worker may be hung, and a request sent there waits for the step deadline. With no
+        worker able to hold the prompt, all are candidates and the ledger ignores it."""
 
         def holds(link: WorkerLink, num_tokens: int) -> bool:
             return link.scheduler.max_len >= min(num_tokens, link.scheduler.config.max_model_len)
 
         whole = core.num_prompt_tokens + max(core.max_tokens, 0)
-        for need in (whole, core.num_prompt_tokens):
-            able = [link for link in links if holds(link, need)]
-            if able:
-                return able
+        responsive = [link for link in links if not self._overdue(link)]
+        for group in (responsive, links):
+            for need in (whole, core.num_prompt_tokens):
+                able = [link for link in group if holds(link, need)]
+                if able:
+                    return able
         return links
 
-    def _placement_key(self, link: WorkerLink, core: Request) -> tuple[bool, float, float]:
-        """Higher is better. A worker that hangs mid-step keeps its stream, its cached
-        prefixes, and (once its clients gave up) a load of 0: so first whether it is overdue,
-        then the score, and on a tie the link whose current plan has been out the shortest."""
-        waited = link.plan_outstanding_for()
+    def _overdue(self, link: WorkerLink) -> bool:
         limit = self.config.worker_step_timeout
-        overdue = limit > 0 and waited > limit * OVERDUE_SHARE_OF_STEP_TIMEOUT
-        return not overdue, self._placement_score(link, core), -waited
+        return limit > 0 and link.plan_outstanding_for() > limit * OVERDUE_SHARE_OF_STEP_TIMEOUT
+
+    def _placement_key(self, link: WorkerLink, core: Request) -> tuple[float, float]:
+        """Higher is better: the score, and on a tie the link whose current plan has been out
+        the shortest (a worker that hangs mid-step keeps its cached prefixes and, once its
+        clients gave up, a load of 0)."""
+        return self._placement_score(link, core), -link.plan_outstanding_for()
 
     def _placement_score(self, link: WorkerLink, core: Request) -> float:
         cached = 0

@@ -150,3 +150,28 @@ def test_an_overdue_worker_loses_its_cache_affinity():
             assert scheduler.call(lambda: engine.links.get("hung")) is hung
         finally:
             pair.stop()
+
+
+def test_an_overdue_worker_is_avoided_even_when_only_its_pool_holds_the_whole_request():
+    with running_scheduler("--worker-step-timeout", "4") as scheduler:
+        engine = scheduler.engine
+        runner = HangingRunner()
+        hung = Worker(scheduler.target, "hung", num_blocks=256, runner=runner)
+        wait_for(lambda: len(engine.links) == 1)
+        small = Worker(scheduler.target, "small", num_blocks=32)  # 128 tokens of 4
+        wait_for(lambda: len(engine.links) == 2)
+        try:
+            first = generate(scheduler.target, "r0", list(range(1, 11)), 5, timeout=30)
+            assert runner.reached.wait(5)
+            first.cancel()
+            wait_for(lambda: not engine.requests)
+            wait_for(lambda: engine.links["hung"].plan_outstanding_for() > 2.1)
+            # the prompt fits "small"; prompt + max_tokens only fits the overdue "hung"
+            stream = generate(scheduler.target, "r1", list(range(200, 240)), 100, timeout=1)
+            wait_for(lambda: "r1" in engine.where)
+            assert scheduler.call(lambda: engine.where["r1"].worker_id) == "small"
+            assert len(tokens(stream)) == 128 - 40  # served at once, up to the small pool
+        finally:
+            runner.release.set()
+            hung.stop()
+            small.stop()
