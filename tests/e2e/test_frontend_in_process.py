@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -251,9 +252,17 @@ def test_a_stream_left_before_its_first_token_is_a_clean_499_and_aborted(schedul
 # ---- a stop string ends a request the scheduler still runs ----
 
 
+class SteadyRunner(PositionRunner):
+    """5 ms a step: a request outlives the moment the frontend sees its stop string by far."""
+
+    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
+        time.sleep(0.005)
+        return super().execute(chunks)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_stop_string_finish_is_counted_as_stop_not_abort(scheduler, model_dir, stream):
-    with worker(scheduler.target, "m", model_dir):
+    with worker(scheduler.target, "m", model_dir, SteadyRunner()):
         wait_for(lambda: len(scheduler.engine.links) == 1)
 
         async def body(app, http):  # noqa: ANN001, ANN202
@@ -262,9 +271,9 @@ def test_a_stop_string_finish_is_counted_as_stop_not_abort(scheduler, model_dir,
             full = (await http.post("/v1/completions", json=request)).json()
             text = full["choices"][0]["text"]
             stop = text[len(text) // 2 : len(text) // 2 + 3]
-            reply = await http.post(
-                "/v1/completions", json={**request, "stop": [stop], "stream": stream}
-            )
+            # ~170 tokens (~1 s) still to go when the stop string shows: the frontend ends it
+            longer = {**request, "max_tokens": 200, "stop": [stop], "stream": stream}
+            reply = await http.post("/v1/completions", json=longer)
             return text, stop, reply
 
         text, stop, reply = asyncio.run(with_app(Settings(scheduler=scheduler.target), body))
