@@ -130,10 +130,21 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         position = first.get("loc", ("body", 0))[-1]
         reason = first.get("ctx", {}).get("error", "invalid JSON")
         return f"The request body is not valid JSON: {reason} (character {position}).", None
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _union_tag(p)]
     param = ".".join(loc) or None
     msg = first.get("msg", "invalid request")
     return (f"{param}: {msg}" if param else msg), param
+
+
+_TYPE_NAMES = {"str", "int", "float", "bool", "bytes", "list", "dict", "none"}
+
+
+def _union_tag(part: object) -> bool:
+    """pydantic names the member of a union an error came from in its loc (`prompt.str`,
+    `prompt.list[constrained-int]`): a type, not a parameter the client sent."""
+    if not isinstance(part, str):
+        return False
+    return part in _TYPE_NAMES or not part.isidentifier()
 
 
 def install_error_handlers(app: FastAPI) -> None:

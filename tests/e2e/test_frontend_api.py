@@ -203,6 +203,22 @@ def test_invalid_values_are_400_in_openai_shape(http, served, body, param):
     assert idle(served)
 
 
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": {"a": 1}}, "prompt"),
+        ({"prompt": [1, "x"]}, "prompt"),
+        ({"stop": [1]}, "stop"),
+        ({"stream_options": {"include_usage": "zz"}}, "stream_options.include_usage"),
+    ],
+)
+def test_param_names_the_field_not_pydantics_union_member(http, body, param):
+    payload = {"model": MODEL, "prompt": "x", "max_tokens": 2} | body
+    reply = http.post("/v1/completions", json=payload)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+
+
 def test_prompt_filling_the_context_without_max_tokens_is_400(http):
     reply = http.post(
         "/v1/completions", json={"model": MODEL, "prompt": "word " * 2100, "max_tokens": None}
