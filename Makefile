@@ -49,6 +49,7 @@ bench: install
 	$(BIN)/python benchmarks/routing_probe.py
 	$(BIN)/python benchmarks/worker_forward.py
 	$(BIN)/python benchmarks/serving.py
+	$(BIN)/python benchmarks/frontend_loop.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
