@@ -1,6 +1,6 @@
 """Everything at once, with real processes: two workers on pools small enough to evict and
-preempt, shared prefixes with and without salts, n > 1, stop strings, clients that leave
-mid-stream, and a worker killed with SIGKILL in the middle of it.
+preempt, shared prefixes with and without salts, n > 1, clients that leave mid-stream, and a
+worker killed with SIGKILL in the middle of it.
 
 Every request that ran to its end must say exactly what the same request says alone on an idle
 server (greedy), and afterwards the ledger must be empty and no worker may ever have refused a
