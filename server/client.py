@@ -47,6 +47,9 @@ class SchedulerClient:
         self._models: dict[str, ServedModel] = {}
         # Registered models this frontend cannot serve: name -> why (its tokenizer won't load).
         self.unloadable: dict[str, str] = {}
+        # Every model this frontend has seen served: one missing now lost its workers (or the
+        # scheduler restarted and they have not registered again yet), so 503, not 404.
+        self._seen: set[str] = set(required_models)
         self._fetched_at = -1e9
         self._tokenizers: dict[str, Tokenizer] = {}
         self._tokenizer_failures: dict[str, tuple[str, float]] = {}  # path -> (why, when)
@@ -75,6 +78,7 @@ class SchedulerClient:
                     except TokenizerUnavailable as err:
                         unloadable[m.name] = str(err)
                 self._models, self.unloadable = models, unloadable
+                self._seen.update(models)
                 self._fetched_at = time.monotonic()
             return self._models
 
@@ -90,7 +94,7 @@ class SchedulerClient:
                 param="model",
                 code="model_unavailable",
             )
-        if name not in models and name in self.required_models:
+        if name not in models and name in self._seen:
             raise APIError(503, f"no worker for model `{name}` is up", param="model")
         if name not in models:
             raise APIError(

@@ -22,6 +22,7 @@ from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
 from server import client as client_module
 from server.app import Settings, build_app
 from tests.service.test_links import PositionRunner, ledger_idle, running_scheduler, wait_for
+from tests.serving import free_port
 from worker.batch import SeqChunk
 from worker.executor import Executor
 from worker.link import WorkerLinkClient
@@ -247,6 +248,39 @@ def test_a_stream_left_before_its_first_token_is_a_clean_499_and_aborted(schedul
     ]
     assert counted == ['kvledger_http_requests_total{route="/v1/completions",status="499"} 1.0']
     assert finished(scheduler, "abort") == 1
+
+
+# ---- a scheduler restart: the models come back a moment later ----
+
+
+def test_a_model_served_before_a_scheduler_restart_is_503_until_its_worker_is_back(model_dir):
+    port = free_port()
+    target = f"127.0.0.1:{port}"
+    request = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 2}
+
+    async def body(app, http):  # noqa: ANN001, ANN202
+        del app
+        # (the scheduler starts its own event loop: in a thread, off the test's)
+        with contextlib.ExitStack() as first:
+            handle = await asyncio.to_thread(first.enter_context, running_scheduler(port=port))
+            await asyncio.to_thread(first.enter_context, worker(target, "m", model_dir))
+            await asyncio.to_thread(wait_for, lambda: len(handle.engine.links) == 1)
+            before = await http.post("/v1/completions", json=request)
+            await asyncio.to_thread(first.close)
+        # A new scheduler on the same address: it has never heard of "m"
+        with contextlib.ExitStack() as second:
+            await asyncio.to_thread(second.enter_context, running_scheduler(port=port))
+            await asyncio.sleep(client_module.CATALOG_TTL_SECONDS + 0.1)
+            during = await http.post("/v1/completions", json=request)
+            unknown = await http.post("/v1/completions", json={**request, "model": "never"})
+            await asyncio.to_thread(second.close)
+        return before, during, unknown
+
+    before, during, unknown = asyncio.run(with_app(Settings(scheduler=target), body))
+    assert before.status_code == 200, before.text
+    assert during.status_code == 503, during.text
+    assert during.headers["retry-after"]
+    assert unknown.status_code == 404, unknown.text
 
 
 # ---- a stop string ends a request the scheduler still runs ----

@@ -104,9 +104,9 @@ def scheduler():
 
 
 @contextlib.contextmanager
-def running_scheduler(*extra: str):
+def running_scheduler(*extra: str, port: int | None = None):
     loop = asyncio.new_event_loop()
-    port = free_port()
+    port = port or free_port()
     args = parse(
         SCHEDULER,
         ["--grpc-port", str(port), "--debug-invariants", "--max-num-batched-tokens", "64", *extra],
