@@ -37,12 +37,6 @@ def model_dir() -> str:
     return str(resolve_model("tiny-llama"))
 
 
-@pytest.fixture
-def scheduler():
-    with running_scheduler() as handle:
-        yield handle
-
-
 @contextlib.contextmanager
 def worker(target: str, model: str, path: str, runner=None) -> Iterator[None]:  # noqa: ANN001
     reg = worker_pb2.Registration(

@@ -97,27 +97,24 @@ class Worker:
         self.thread.join(timeout=5)
 
 
-@pytest.fixture
-def scheduler():
-    with running_scheduler() as handle:
-        yield handle
-
-
 @contextlib.contextmanager
-def running_scheduler(*extra: str, port: int | None = None):
+def running_scheduler(*extra: str, port: int | None = None, metrics: bool = False):
+    """The scheduler service in this process, on its own loop and thread; with `metrics`, its
+    Prometheus endpoint too (`handle.url`)."""
     loop = asyncio.new_event_loop()
     port = port or free_port()
-    args = parse(
-        SCHEDULER,
-        ["--grpc-port", str(port), "--debug-invariants", "--max-num-batched-tokens", "64", *extra],
-        "t",
-    )
-    server, engine, _ = loop.run_until_complete(start(args, metrics=False))
+    metrics_port = free_port()
+    argv = ["--grpc-port", str(port), "--debug-invariants", "--max-num-batched-tokens", "64"]
+    if metrics:
+        argv += ["--metrics-port", str(metrics_port)]
+    args = parse(SCHEDULER, [*argv, *extra], "t")
+    server, engine, _ = loop.run_until_complete(start(args, metrics=metrics))
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
 
     class Handle:
         target = f"127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
 
         def call(self, fn, *a):  # noqa: ANN001, ANN202 - run on the scheduler's loop
             return asyncio.run_coroutine_threadsafe(_as_coro(fn, *a), loop).result(10)

@@ -11,16 +11,8 @@ from tests.service.test_links import (
     expected_tokens,
     generate,
     ledger_idle,
-    running_scheduler,
     wait_for,
 )
-
-
-@pytest.fixture
-def scheduler():
-    with running_scheduler() as handle:
-        yield handle
-
 
 # Blocks of 4 tokens; every worker's context is 256 tokens.
 SMALL, MEDIUM, BIG = 16, 32, 256  # pools of 64, 128 and 1024 tokens

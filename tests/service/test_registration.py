@@ -18,18 +18,11 @@ from tests.service.test_links import (
     expected_tokens,
     generate,
     ledger_idle,
-    running_scheduler,
     wait_for,
 )
 from worker.executor import Executor
 from worker.link import WorkerLinkClient
 from worker.metrics import WorkerMetrics
-
-
-@pytest.fixture
-def scheduler():
-    with running_scheduler() as handle:
-        yield handle
 
 
 def registration(**changes) -> worker_pb2.Registration:

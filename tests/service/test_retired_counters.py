@@ -3,15 +3,16 @@ never go down, and the releases a lost worker's drain counts (`worker_lost`) are
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
-
-from kvledger.flags import SCHEDULER, parse
-from scheduler_svc.__main__ import start
-from tests.service.test_links import Worker, expected_tokens, generate, ledger_idle, wait_for
+from tests.service.test_links import (
+    Worker,
+    expected_tokens,
+    generate,
+    ledger_idle,
+    running_scheduler,
+    wait_for,
+)
 from tests.service.test_live_counters import GatedRunner
-from tests.serving import free_port, scrape
+from tests.serving import scrape
 
 LEDGER_COUNTERS = (
     "kvledger_prefix_cache_queries_total",
@@ -24,39 +25,6 @@ LEDGER_COUNTERS = (
     "kvledger_num_preemptions_total",
 )
 LEDGER_GAUGES = ("kvledger_kv_blocks_total", "kvledger_tracker_entries")
-
-
-@contextlib.contextmanager
-def scheduler_with_metrics():
-    loop = asyncio.new_event_loop()
-    port, metrics_port = free_port(), free_port()
-    args = parse(
-        SCHEDULER,
-        ["--grpc-port", str(port), "--metrics-port", str(metrics_port), "--debug-invariants"],
-        "t",
-    )
-    server, engine, _ = loop.run_until_complete(start(args, metrics=True))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    class Handle:
-        target = f"127.0.0.1:{port}"
-        url = f"http://127.0.0.1:{metrics_port}/metrics"
-
-        def call(self, fn, *a):  # noqa: ANN001, ANN202
-            async def run():  # noqa: ANN202
-                return fn(*a)
-
-            return asyncio.run_coroutine_threadsafe(run(), loop).result(10)
-
-    handle = Handle()
-    handle.engine = engine
-    try:
-        yield handle
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
 
 
 def of_worker(samples: dict[str, float], worker: str, names: tuple[str, ...]) -> dict[str, float]:
@@ -73,7 +41,7 @@ def assert_not_lower(before: dict[str, float], after: dict[str, float]) -> None:
 
 
 def test_a_lost_workers_counters_stay_exported_and_never_go_down():
-    with scheduler_with_metrics() as s:
+    with running_scheduler(metrics=True) as s:
         gate = GatedRunner("r1", at=30)  # holds r1 on w0 until w0 is gone
         w0 = Worker(s.target, "w0", runner=gate)
         wait_for(lambda: len(s.engine.links) == 1)

@@ -1,0 +1,10 @@
+import pytest
+
+from tests.service.test_links import running_scheduler
+
+
+@pytest.fixture
+def scheduler():
+    """A scheduler service running in this process (see `running_scheduler`)."""
+    with running_scheduler() as handle:
+        yield handle
