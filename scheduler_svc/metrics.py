@@ -235,7 +235,7 @@ class LedgerCollector(Collector):
             "evictions": counter("kv_block_evictions", "Cached blocks evicted for reuse"),
             "preemptions": counter("num_preemptions", "Requests preempted for recompute"),
             "entries": gauge("tracker_entries", "Live tracker entries"),
-            "total": gauge("kv_blocks_total", "KV blocks in the worker's pool"),
+            "total": gauge("kv_blocks_capacity", "KV blocks in the worker's pool (its capacity)"),
             "in_use": gauge("kv_blocks_in_use", "KV blocks referenced by a request"),
             "cached": gauge("kv_blocks_cached", "KV blocks holding a cached hash"),
             "usage": gauge("kv_cache_usage_ratio", "Blocks in use / total"),

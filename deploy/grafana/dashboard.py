@@ -161,7 +161,7 @@ ROWS: list[Row] = [
                 [
                     (gauge("kvledger_kv_blocks_cached", "worker"), "cached {{worker}}"),
                     (gauge("kvledger_kv_blocks_in_use", "worker"), "in use {{worker}}"),
-                    (gauge("kvledger_kv_blocks_total", "worker"), "total {{worker}}"),
+                    (gauge("kvledger_kv_blocks_capacity", "worker"), "total {{worker}}"),
                 ],
             ),
             Panel(

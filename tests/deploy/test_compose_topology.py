@@ -54,7 +54,9 @@ def test_every_prometheus_target_answers(topology, frontend_url):
 def test_workers_carry_their_compose_ids(topology, frontend_url):
     scheduler = scrape(f"http://{topology.address('scheduler', 9400)}/metrics")
     for worker_id, model in (("cpu-0", "tiny-llama"), ("embed-0", EMBEDDING_MODEL)):
-        assert metric_sum(scheduler, "kvledger_kv_blocks_total", worker=worker_id, model=model) >= 0
+        assert (
+            metric_sum(scheduler, "kvledger_kv_blocks_capacity", worker=worker_id, model=model) >= 0
+        )
         assert any(f'worker="{worker_id}"' in k for k in scheduler), worker_id
     worker = scrape(f"http://{topology.address('worker', 9401)}/metrics")
     assert metric_sum(worker, "kvledger_worker_step_seconds_count", worker="cpu-0") > 0

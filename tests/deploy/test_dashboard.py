@@ -34,7 +34,7 @@ CONTRACT = {
         "tracker_stale_entries_total",
         "tracker_entries_released_total",
         "tracker_orphans_total",
-        "kv_blocks_total",
+        "kv_blocks_capacity",
         "kv_blocks_in_use",
         "kv_cache_usage_ratio",
         "kv_block_evictions_total",

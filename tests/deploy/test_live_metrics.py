@@ -5,6 +5,7 @@ and every dashboard query evaluated through Prometheus's HTTP API."""
 from __future__ import annotations
 
 import math
+import urllib.request
 
 import pytest
 
@@ -18,6 +19,7 @@ from tests.deploy.live import (
 )
 from tests.deploy.prom import expressions, promql, scrape_targets, start_prometheus
 from tests.deploy.prom import metric_names as names_in
+from tests.deploy.tools import require, run
 from tests.serving import free_port, metric_sum, scrape, start_serve
 
 WINDOW = "1m"  # $__rate_interval as the test evaluates it: covers the whole run
@@ -101,6 +103,21 @@ def test_every_dashboard_metric_exists_in_a_live_scrape(stack, jobs, traffic):
     in_prometheus = traffic.query('group by (__name__) ({__name__=~"kvledger_.+"})')
     stored = {s["metric"]["__name__"] for s in in_prometheus["data"]["result"]}
     assert used <= stored, used - stored
+
+
+def test_every_exposition_passes_promtool_check_metrics(jobs, traffic):
+    """`promtool check metrics` lints each service's exposition: naming (a gauge must not
+    carry a counter's `_total`), base units, help text."""
+    promtool = require("promtool")
+    problems = []
+    for targets in jobs.values():
+        for target in targets:
+            with urllib.request.urlopen(f"http://{target}/metrics", timeout=5) as reply:
+                text = reply.read().decode()
+            checked = run([promtool, "check", "metrics"], input=text)
+            if checked.returncode != 0:
+                problems.append(f"{target}: {checked.stdout}{checked.stderr}")
+    assert not problems, "\n".join(problems)
 
 
 def test_every_panel_query_evaluates_through_prometheus(traffic):

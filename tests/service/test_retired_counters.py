@@ -24,7 +24,7 @@ LEDGER_COUNTERS = (
     "kvledger_kv_block_evictions_total",
     "kvledger_num_preemptions_total",
 )
-LEDGER_GAUGES = ("kvledger_kv_blocks_total", "kvledger_tracker_entries")
+LEDGER_GAUGES = ("kvledger_kv_blocks_capacity", "kvledger_tracker_entries")
 
 
 def of_worker(samples: dict[str, float], worker: str, names: tuple[str, ...]) -> dict[str, float]:
