@@ -224,18 +224,72 @@ def flags_for(service: str) -> list[Flag]:
     return [f for f in FLAGS if service in f.services]
 
 
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off", "")
+
+
+class EnvValueError(ValueError):
+    """An environment variable holds a value its flag would refuse on the command line."""
+
+
 def _env_default(flag: Flag) -> Any:
+    """The flag's default, or its environment variable parsed exactly as the flag would be.
+
+    A value the flag would refuse stops startup: compose and Kubernetes configure every service
+    through the environment, where a typo (`flase`, `lifo`) must not quietly mean something else.
+    """
     raw = os.environ.get(flag.env_var)
     if raw is None:
         return flag.default
     if flag.kind in ("bool", "switch"):
-        return raw.strip().lower() in ("1", "true", "yes", "on")
+        word = raw.strip().lower()
+        if word in TRUE_WORDS:
+            return True
+        if word in FALSE_WORDS:
+            return False
+        raise EnvValueError(
+            f"{flag.env_var}={raw!r}: expected a boolean "
+            f"({', '.join(TRUE_WORDS)} or {', '.join(w for w in FALSE_WORDS if w)})"
+        )
     if flag.kind == "list":
         return [item for item in raw.replace(",", " ").split() if item]
-    return flag.type(raw)
+    try:
+        value = flag.type(raw.strip())
+    except ValueError:
+        kind = getattr(flag.type, "__name__", "value")
+        raise EnvValueError(f"{flag.env_var}={raw!r}: expected {_a(kind)}") from None
+    if flag.choices is not None and value not in flag.choices:
+        raise EnvValueError(f"{flag.env_var}={raw!r}: expected one of {', '.join(flag.choices)}")
+    return value
+
+
+def _a(kind: str) -> str:
+    return {"int": "an integer", "float": "a number", "str": "a string"}.get(kind, kind)
+
+
+def env_errors(flags: Iterable[Flag]) -> list[str]:
+    """Every environment variable of these flags whose value the flag would refuse."""
+    problems = []
+    for flag in flags:
+        try:
+            _env_default(flag)
+        except EnvValueError as err:
+            problems.append(str(err))
+    return problems
+
+
+def check_env(parser: argparse.ArgumentParser, flags: Iterable[Flag]) -> None:
+    """Stops startup with one line naming each bad variable and what it accepts (exit 2, as
+    argparse does for a bad flag) when an environment variable holds a value its flag would
+    refuse."""
+    problems = env_errors(flags)
+    if problems:
+        parser.exit(2, f"{parser.prog}: error: {'; '.join(problems)}\n")
 
 
 def add_flags(parser: argparse.ArgumentParser, flags: Iterable[Flag]) -> None:
+    flags = list(flags)
+    check_env(parser, flags)
     for flag in flags:
         default = _env_default(flag)
         help_text = f"{flag.help} [env {flag.env_var}]"

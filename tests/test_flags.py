@@ -107,3 +107,40 @@ def test_serve_hands_each_flag_to_its_service_unchanged(service, monkeypatch):
 def test_flag_names_are_unique():
     names = [f.name for f in FLAGS]
     assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "accepts"),
+    [
+        ("KVLEDGER_ENABLE_PREFIX_CACHING", "flase", "expected a boolean"),
+        ("KVLEDGER_DEBUG_INVARIANTS", "maybe", "expected a boolean"),
+        ("KVLEDGER_SCHEDULING_POLICY", "lifo", "expected one of fcfs, priority"),
+        ("KVLEDGER_MAX_NUM_SEQS", "abc", "expected an integer"),
+        ("KVLEDGER_WORKER_STEP_TIMEOUT", "soon", "expected a number"),
+    ],
+)
+def test_a_bad_environment_value_stops_startup_naming_the_variable(
+    var, value, accepts, monkeypatch, capsys
+):
+    monkeypatch.setenv(var, value)
+    for build in (lambda: parse(SCHEDULER, [], "t"), lambda: cli._serve_parser()):
+        with pytest.raises(SystemExit) as stopped:
+            build()
+        assert stopped.value.code == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert f"{var}={value!r}" in line and accepts in line, line
+
+
+@pytest.mark.parametrize("word", ["0", "false", "No", "off", " OFF "])
+def test_environment_booleans_read_false_words(word, monkeypatch):
+    monkeypatch.setenv("KVLEDGER_ENABLE_PREFIX_CACHING", word)
+    assert parse(SCHEDULER, [], "t").enable_prefix_caching is False
+
+
+def test_environment_values_of_other_services_do_not_stop_a_service(monkeypatch):
+    """A worker's variable is checked where it is a flag, not by every service that shares
+    the environment (compose gives one env file to all)."""
+    monkeypatch.setenv("KVLEDGER_DTYPE", "float64")
+    assert parse(FRONTEND, [], "t").port == 8000
+    with pytest.raises(SystemExit):
+        parse(WORKER, [], "t")
