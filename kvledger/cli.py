@@ -33,7 +33,8 @@ from kvledger.log import setup_logging
 log = logging.getLogger("kvledger.serve")
 
 STARTUP_TIMEOUT_SECONDS = 600
-STOP_GRACE_SECONDS = 10
+# Beyond each child's own --shutdown-timeout, before serve kills it.
+STOP_MARGIN_SECONDS = 3
 MAX_RESTARTS_PER_MINUTE = 5
 _PR_SET_PDEATHSIG = 1
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
@@ -157,16 +158,20 @@ def _wait_healthy(url: str, children: list[Child], stopping: dict) -> bool:
     return False
 
 
-def _stop_all(children: list[Child]) -> None:
+def _stop_all(children: list[Child], grace: float) -> None:
+    """SIGTERM to every child (a child that already got the signal from its process group
+    ignores the second one), then wait; what outlives the grace period is killed, and said.
+    Returns only when no child is left."""
     for child in reversed(children):  # frontend first, scheduler last
         if child.process.poll() is None:
-            child.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
+            with contextlib.suppress(ProcessLookupError):
+                child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace + STOP_MARGIN_SECONDS
     for child in children:
         try:
             child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            log.warning("%s did not stop in time; killing it", child.name)
+            log.warning("%s did not stop within %g s; killing it", child.name, grace)
             child.process.kill()
             child.process.wait()
 
@@ -260,7 +265,9 @@ def serve(argv: Sequence[str]) -> int:
             time.sleep(0.2)
         return 0
     finally:
-        _stop_all(children)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # stopping: a second Ctrl-C changes nothing
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _stop_all(children, args.shutdown_timeout)
         log.info("stopped")
 
 

@@ -209,6 +209,14 @@ FLAGS: tuple[Flag, ...] = (
         secret=True,
     ),
     _f(
+        "--shutdown-timeout",
+        [FRONTEND, SCHEDULER, WORKER],
+        "seconds a stopping service gives in-flight work before it exits anyway "
+        "(serve: each child, then it kills what is left)",
+        type=float,
+        default=10.0,
+    ),
+    _f(
         "--log-level",
         [FRONTEND, SCHEDULER, WORKER],
         "logging level",

@@ -57,8 +57,11 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("scheduler stopping")
+    for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal changes nothing
+        loop.add_signal_handler(sig, lambda: log.info("scheduler: already stopping"))
     await health_servicer.enter_graceful_shutdown()
-    await server.stop(grace=2)
+    # Open streams (frontends, workers) get the grace period, then are cancelled.
+    await server.stop(grace=args.shutdown_timeout)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         port=args.port,
         log_config=None,
         log_level=args.log_level,
-        timeout_graceful_shutdown=3,
+        timeout_graceful_shutdown=args.shutdown_timeout,
     )
 
 

@@ -104,9 +104,11 @@ def start_serve(
     timeout: float = 240.0,
     embedding: bool = False,
     debug_invariants: bool = True,
+    new_session: bool = False,
 ) -> Served:
     """`embedding=False` skips the default embedding worker (faster, for generation tests);
-    benchmarks turn the per-step invariant check (O(pool) each step) off."""
+    benchmarks turn the per-step invariant check (O(pool) each step) off; `new_session` puts
+    serve and its children in a process group of their own (to signal the whole group)."""
     port, grpc_port = free_port(), free_port()
     metrics_port = free_port_run(4)
     log_path = tmp / "serve.log"
@@ -129,7 +131,14 @@ def start_serve(
         cmd += ["--embedding-model", "none"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=new_session,
+        )
     served = Served(process, port, grpc_port, metrics_port, log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

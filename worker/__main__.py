@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -15,6 +14,7 @@ from prometheus_client import start_http_server
 from kvledger.flags import WORKER, parse
 from kvledger.log import setup_logging
 from kvledger.models import resolve_model
+from kvledger.shutdown import Stopper
 from protos import frontend_pb2, worker_pb2
 from worker.executor import Executor
 from worker.link import WorkerLinkClient
@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     prometheus_client.disable_created_metrics()  # *_created series only add noise here
     args = parse(WORKER, argv, "kvledger worker: model, paged KV memory, attention")
     setup_logging("worker", args.log_level)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    stopper = Stopper("worker", args.shutdown_timeout).install()
     model_path = resolve_model(args.model)
     name = args.served_model_name or args.model
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -78,7 +78,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.metrics_port,
     )
     client = WorkerLinkClient(args.scheduler, registration, Executor(runner), metrics)
+    stopper.on_stop(client.stop)
     client.run_forever()
+    log.info("worker %s stopped", worker_id)
 
 
 if __name__ == "__main__":

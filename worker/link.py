@@ -54,6 +54,8 @@ class WorkerLinkClient:
             try:
                 self._serve_once()
             except grpc.RpcError as err:
+                if self.stopping.is_set():
+                    return  # stop() cancelled the call: not a lost link
                 if err.code() in REFUSALS:
                     raise SystemExit(f"scheduler refused this worker: {err.details()}") from err
                 if err.code() == grpc.StatusCode.ALREADY_EXISTS:
