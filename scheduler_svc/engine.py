@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 import grpc
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from protos import frontend_pb2, worker_pb2
 from scheduler_svc.core.config import SchedulerConfig
@@ -87,6 +87,11 @@ class Engine:
         self.link_metrics = LinkMetrics(self.registry)
         self.retired = RetiredLedgers()  # counters of the ledgers of lost workers
         self.registry.register(LedgerCollector(self.ledger_readings))
+        Gauge(
+            "kvledger_max_waiting_requests",
+            "Queue length per model past which requests get 429 (--max-waiting-requests)",
+            registry=self.registry,
+        ).set(config.max_waiting_requests)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- workers ----

@@ -242,7 +242,14 @@ class LedgerCollector(Collector):
             "running": gauge("num_requests_running", "Requests running"),
             "waiting": gauge("num_requests_waiting", "Requests waiting"),
         }
+        # Per model, including those whose every worker is gone (0): "a model with no live
+        # worker" is an alert, and an absent series cannot fire one.
+        workers = GaugeMetricFamily(
+            "kvledger_workers_connected", "Workers connected, per model", labels=["model"]
+        )
+        connected: dict[str, int] = {}
         for model, worker, snap, live in self._readings():
+            connected[model] = connected.get(model, 0) + int(live)
             lv = [model, worker]
             fams["queries"].add_metric(lv, snap.prefix_cache_queries)
             fams["hits"].add_metric(lv, snap.prefix_cache_hits)
@@ -263,4 +270,7 @@ class LedgerCollector(Collector):
             fams["usage"].add_metric(lv, snap.usage)
             fams["running"].add_metric(lv, snap.num_running)
             fams["waiting"].add_metric(lv, snap.num_waiting)
+        for model, count in sorted(connected.items()):
+            workers.add_metric([model], count)
         yield from fams.values()
+        yield workers

@@ -18,6 +18,7 @@ import yaml
 from tests.deploy.tools import REPO, require
 
 PROMETHEUS_YML = REPO / "deploy" / "prometheus" / "prometheus.yml"
+ALERTS_YML = REPO / "deploy" / "prometheus" / "alerts.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "kvledger.json"
 METRIC = re.compile(r"\b(kvledger_[a-z0-9_]+|up)\b")
 # Grafana's macros and the dashboard's variables, as a test evaluates them.
@@ -102,12 +103,19 @@ class PrometheusServer:
                 self.process.wait()
 
 
+def alert_rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(ALERTS_YML.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
 def start_prometheus(
     tmp: Path, jobs: dict[str, list[str]], port: int, interval: str = "1s", timeout: float = 60.0
 ) -> PrometheusServer:
-    """A real Prometheus (Debian's package) on loopback scraping `jobs` {job: [host:port]}."""
+    """A real Prometheus (Debian's package) on loopback scraping `jobs` {job: [host:port]},
+    with the alert rules of deploy/prometheus/alerts.yml loaded."""
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "rule_files": [str(ALERTS_YML)],
         "scrape_configs": [
             {"job_name": job, "static_configs": [{"targets": targets}]}
             for job, targets in jobs.items()

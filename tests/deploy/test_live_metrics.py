@@ -4,6 +4,7 @@ and every dashboard query evaluated through Prometheus's HTTP API."""
 
 from __future__ import annotations
 
+import json
 import math
 import urllib.request
 
@@ -17,7 +18,7 @@ from tests.deploy.live import (
     scalar,
     wait_for,
 )
-from tests.deploy.prom import expressions, promql, scrape_targets, start_prometheus
+from tests.deploy.prom import alert_rules, expressions, promql, scrape_targets, start_prometheus
 from tests.deploy.prom import metric_names as names_in
 from tests.deploy.tools import require, run
 from tests.serving import free_port, metric_sum, scrape, start_serve
@@ -103,6 +104,32 @@ def test_every_dashboard_metric_exists_in_a_live_scrape(stack, jobs, traffic):
     in_prometheus = traffic.query('group by (__name__) ({__name__=~"kvledger_.+"})')
     stored = {s["metric"]["__name__"] for s in in_prometheus["data"]["result"]}
     assert used <= stored, used - stored
+
+
+def test_every_alert_loads_and_reads_exported_metrics(stack, jobs, traffic):
+    """The alert rules load into a real Prometheus (every rule healthy once evaluated), none
+    fires on a healthy stack, and every metric they read exists in a live scrape."""
+    live: set[str] = set()
+    for targets in jobs.values():
+        for target in targets:
+            live |= metric_names(f"http://{target}/metrics")
+    for rule in alert_rules():
+        wanted = {m.removesuffix("_bucket") for m in names_in(rule["expr"])}
+        exported = {m.removesuffix("_bucket") for m in live}
+        assert wanted <= exported, (rule["alert"], wanted - exported)
+
+    def rules() -> list[dict]:
+        with urllib.request.urlopen(f"{traffic.url}/api/v1/rules", timeout=5) as reply:
+            groups = json.load(reply)["data"]["groups"]
+        return [r for g in groups for r in g["rules"]]
+
+    wait_for(
+        lambda: len(rules()) == len(alert_rules()) and all(r["health"] == "ok" for r in rules()),
+        "every alert rule evaluated",
+    )
+    firing = [r["name"] for r in rules() if r["state"] != "inactive"]
+    assert not firing, firing
+    assert scalar(traffic, 'sum(kvledger_workers_connected{model="tiny-llama"})') == 1
 
 
 def test_every_exposition_passes_promtool_check_metrics(jobs, traffic):
