@@ -43,6 +43,9 @@ class Sample:
 
 
 NONFINITE_LOGITS = "the model produced NaN or infinite logits"
+# Below this temperature a row is greedy, as in vLLM: dividing logits by a subnormal
+# temperature overflows to inf, and the draw then picks token 0 instead of the argmax.
+MIN_TEMPERATURE = 1e-5
 
 
 def position_generator(seed: int, position: int) -> torch.Generator:
@@ -123,7 +126,9 @@ class Sampler:
 
     def _draw(self, logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tensor:
         tokens = logits.argmax(dim=-1)
-        rows = [i for i, c in enumerate(chunks) if c.temperature > 0 and c.top_k != 1]
+        rows = [
+            i for i, c in enumerate(chunks) if c.temperature >= MIN_TEMPERATURE and c.top_k != 1
+        ]
         if not rows:
             return tokens.cpu()
         device = logits.device

@@ -65,6 +65,15 @@ def test_top_k_keeps_ties() -> None:
     assert support(out[0]) == {1, 2}
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 1e-30, 5e-6])
+def test_a_vanishing_temperature_is_greedy(temperature: float) -> None:
+    """logits / 1e-40 overflows to inf; the row must still give the argmax, never token 0."""
+    rows = torch.tensor([[0.5, 1.0, 3.0, -2.0]]).repeat(3, 1)
+    chunks = [chunk(temperature=temperature), chunk(temperature=temperature, seed=7)]
+    chunks.append(chunk(temperature=temperature, top_p=0.5))
+    assert tokens(Sampler(0)(rows, chunks)) == [2, 2, 2]
+
+
 def test_temperature_spreads_draws() -> None:
     sampler = Sampler(0)
     draws = tokens(sampler(LOGITS.repeat(200, 1), [chunk(temperature=5.0)] * 200))
