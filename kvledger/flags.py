@@ -202,6 +202,13 @@ FLAGS: tuple[Flag, ...] = (
         type=int,
     ),
     _f(
+        "--metrics-host",
+        [SCHEDULER, WORKER],
+        "address the Prometheus endpoint binds (loopback, like every other port by default; "
+        "0.0.0.0 where a Prometheus on another host scrapes it)",
+        default="127.0.0.1",
+    ),
+    _f(
         "--worker-auth-token",
         [SCHEDULER, WORKER],
         "shared secret a worker presents when it registers (empty = none)",

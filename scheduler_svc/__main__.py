@@ -30,7 +30,7 @@ async def start(
     """Starts the gRPC server (and the metrics endpoint); returns once it accepts calls."""
     engine = Engine(EngineConfig.from_args(args))
     if metrics:
-        start_http_server(args.metrics_port, addr=args.grpc_host, registry=engine.registry)
+        start_http_server(args.metrics_port, addr=args.metrics_host, registry=engine.registry)
 
     server = grpc.aio.server(options=SERVER_OPTIONS)
     frontend_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(engine), server)

@@ -144,3 +144,10 @@ def test_environment_values_of_other_services_do_not_stop_a_service(monkeypatch)
     assert parse(FRONTEND, [], "t").port == 8000
     with pytest.raises(SystemExit):
         parse(WORKER, [], "t")
+
+
+@pytest.mark.parametrize("service", [SCHEDULER, WORKER])
+def test_metrics_bind_loopback_by_default_like_every_other_port(service):
+    assert parse(service, [], "t").metrics_host == "127.0.0.1"
+    assert parse(FRONTEND, [], "t").host == "127.0.0.1"
+    assert parse(SCHEDULER, [], "t").grpc_host == "127.0.0.1"

@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         embedding_size=runner.embedding_size,
     )
     metrics = WorkerMetrics(name, worker_id)
-    start_http_server(args.metrics_port, registry=metrics.registry)
+    start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
     log.info(
         "worker %s: model %s (%s), %d KV blocks of %d tokens, metrics on :%d",
         worker_id,

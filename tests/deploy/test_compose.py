@@ -90,6 +90,7 @@ def test_addresses_ports_and_healthchecks_agree(profile):
             assert container_ports(svc.spec) == [a.port]
         else:
             assert (port, path) == (a.metrics_port, "/metrics"), name
+            assert a.metrics_host == "0.0.0.0", f"{name}: Prometheus scrapes from its container"
             assert not svc.spec.get("ports"), f"{name} must not be published"
         if svc.service in (FRONTEND, WORKER):
             assert host_port(a.scheduler) == (sched, args[sched].grpc_port), name
