@@ -135,6 +135,14 @@ FLAGS: tuple[Flag, ...] = (
         default=300.0,
     ),
     _f(
+        "--allow-unauthenticated-workers",
+        [SCHEDULER],
+        "accept workers without --worker-auth-token: any process that reaches the gRPC port "
+        "can then register, read users' prompts and choose their tokens (loopback tests only)",
+        kind="switch",
+        default=False,
+    ),
+    _f(
         "--debug-invariants",
         [SCHEDULER],
         "check every ledger invariant after every step",
@@ -211,7 +219,8 @@ FLAGS: tuple[Flag, ...] = (
     _f(
         "--worker-auth-token",
         [SCHEDULER, WORKER],
-        "shared secret a worker presents when it registers (empty = none)",
+        "shared secret a worker presents when it registers; the scheduler refuses to start "
+        "without one unless --allow-unauthenticated-workers",
         default="",
         secret=True,
     ),

@@ -64,10 +64,32 @@ async def serve(args: argparse.Namespace) -> None:
     await server.stop(grace=args.shutdown_timeout)
 
 
+def check_worker_auth(args: argparse.Namespace) -> None:
+    """Workers receive users' prompts and choose their output tokens: a scheduler that accepts
+    any process reaching its gRPC port as a worker hands both to whoever asks. It therefore
+    needs a worker token, unless told otherwise, and then says so loudly."""
+    if args.worker_auth_token:
+        return
+    if not args.allow_unauthenticated_workers:
+        raise SystemExit(
+            "scheduler: no worker token. Set KVLEDGER_WORKER_AUTH_TOKEN (or "
+            "--worker-auth-token) here and on every worker, or pass "
+            "--allow-unauthenticated-workers to accept any process that reaches the gRPC port "
+            "as a worker (it would receive users' prompts)."
+        )
+    log.warning(
+        "UNAUTHENTICATED WORKERS ALLOWED: any process that reaches %s:%d can register as a "
+        "worker, read users' prompts and choose their output tokens",
+        args.grpc_host,
+        args.grpc_port,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     prometheus_client.disable_created_metrics()  # *_created series only add noise here
     args = parse(SCHEDULER, argv, "kvledger scheduler service: owns every block table")
     setup_logging("scheduler", args.log_level)
+    check_worker_auth(args)
     asyncio.run(serve(args))
 
 

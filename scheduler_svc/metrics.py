@@ -198,6 +198,13 @@ class LinkMetrics:
             ["model", "worker"],
             registry=registry,
         )
+        self.registrations_refused = Counter(
+            "kvledger_worker_registrations_refused_total",
+            "Worker registrations refused, by reason (unauthenticated: a bad worker token)",
+            ["reason"],
+            registry=registry,
+        )
+        self.registrations_refused.labels("unauthenticated")  # exported at 0 from the start
 
 
 class LedgerCollector(Collector):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 import uuid
@@ -134,12 +135,16 @@ class WorkerLinkServicer(worker_pb2_grpc.WorkerLinkServicer):
                 grpc.StatusCode.FAILED_PRECONDITION, "the first message must be a registration"
             )
         reg = first.registration
-        if self.auth_token and reg.auth_token != self.auth_token:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad worker auth token")
+        if self.auth_token and not hmac.compare_digest(
+            reg.auth_token.encode(), self.auth_token.encode()
+        ):
+            await self._refuse(
+                context, reg, PlacementError(grpc.StatusCode.UNAUTHENTICATED, "bad worker token")
+            )
         try:
             link = self.engine.register(reg)
         except PlacementError as err:
-            await context.abort(err.code, err.message)
+            await self._refuse(context, reg, err)
             return
         context.add_done_callback(lambda _ctx: self.engine.unregister(link))
         try:
@@ -168,6 +173,21 @@ class WorkerLinkServicer(worker_pb2_grpc.WorkerLinkServicer):
             return
         finally:
             self.engine.unregister(link)
+
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext, reg: worker_pb2.Registration, err: PlacementError
+    ) -> None:
+        """Logged (who tried, from where) and counted by reason, then the call ends."""
+        reason = err.code.name.lower()
+        log.warning(
+            "registration of worker %r (model %r) from %s refused: %s",
+            reg.worker_id,
+            reg.model_name,
+            context.peer(),
+            err.message,
+        )
+        self.engine.link_metrics.registrations_refused.labels(reason).inc()
+        await context.abort(err.code, err.message)
 
     async def _next_message(
         self, messages: AsyncIterator[worker_pb2.WorkerMessage], link: WorkerLink

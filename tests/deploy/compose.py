@@ -23,13 +23,20 @@ NON_FLAG_ENV = {"KVLEDGER_CACHE_DIR"}
 HEALTH_URL = re.compile(r"http://(?:127\.0\.0\.1|localhost):(\d+)(/[\w/.-]*)")
 
 
-def compose_env() -> dict[str, str]:
-    """The caller's environment without anything that compose would interpolate into the file."""
-    return {
+# The worker token compose requires (it has no default, on purpose), as an operator sets it.
+TEST_WORKER_TOKEN = "compose-test-worker-token"
+
+
+def compose_env(**overrides: str) -> dict[str, str]:
+    """The caller's environment without anything that compose would interpolate into the file,
+    plus the variables an operator must set."""
+    env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("KVLEDGER_", "GRAFANA_", "COMPOSE_"))
     }
+    env["KVLEDGER_WORKER_AUTH_TOKEN"] = TEST_WORKER_TOKEN
+    return env | overrides
 
 
 def compose_argv(*args: str, profile: str | None = None) -> list[str]:

@@ -73,10 +73,18 @@ def test_kill_9_a_worker_mid_stream_requests_finish_on_the_other(tmp_path):
         served.stop()
 
 
+# Shared by the scheduler and the workers these tests start.
+ENV = dict(os.environ, KVLEDGER_WORKER_AUTH_TOKEN="faults-test-token")
+
+
 def spawn(module: str, *args: str, log: Path) -> subprocess.Popen:
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", module, *args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "-m", module, *args],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=ENV,
         )
 
 
