@@ -27,6 +27,7 @@ from kvledger.flags import (
     fill_list_defaults,
     to_argv,
     to_env,
+    warn_secrets_on_command_line,
 )
 from kvledger.log import setup_logging
 
@@ -177,6 +178,7 @@ def _stop_all(children: list[Child], grace: float) -> None:
 
 
 def serve(argv: Sequence[str]) -> int:
+    warn_secrets_on_command_line(argv, FLAGS)
     args = _serve_parser().parse_args(argv)
     fill_list_defaults(args, FLAGS)
     setup_logging("serve", args.log_level)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -344,10 +345,27 @@ def add_flags(parser: argparse.ArgumentParser, flags: Iterable[Flag]) -> None:
             )
 
 
+def warn_secrets_on_command_line(argv: Sequence[str], flags: Iterable[Flag]) -> list[str]:
+    """Secret flags given as arguments (`ps` shows every process's argv to every user): each
+    is named on stderr with the variable to use instead. Returns the names."""
+    found = []
+    for flag in flags:
+        if flag.secret and any(a == flag.name or a.startswith(flag.name + "=") for a in argv):
+            found.append(flag.name)
+            print(
+                f"warning: {flag.name} on the command line is visible to every user in `ps`; "
+                f"prefer {flag.env_var}" + (" or --api-keys-file" if flag.kind == "list" else ""),
+                file=sys.stderr,
+            )
+    return found
+
+
 def parse(service: str, argv: Sequence[str] | None, description: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"python -m {service}", description=description)
     flags = flags_for(service)
     add_flags(parser, flags)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    warn_secrets_on_command_line(argv, flags)
     args = parser.parse_args(argv)
     fill_list_defaults(args, flags)
     if service in DEFAULT_METRICS_PORT and args.metrics_port is None:

@@ -151,3 +151,15 @@ def test_metrics_bind_loopback_by_default_like_every_other_port(service):
     assert parse(service, [], "t").metrics_host == "127.0.0.1"
     assert parse(FRONTEND, [], "t").host == "127.0.0.1"
     assert parse(SCHEDULER, [], "t").grpc_host == "127.0.0.1"
+
+
+def test_a_secret_on_the_command_line_is_warned_about(capsys):
+    parse(FRONTEND, ["--api-key", "key-value-1"], "t")
+    parse(SCHEDULER, ["--worker-auth-token=token-value-2"], "t")
+    err = capsys.readouterr().err
+    assert "--api-key on the command line" in err and "KVLEDGER_API_KEY" in err
+    assert "--api-keys-file" in err
+    assert "--worker-auth-token on the command line" in err and "KVLEDGER_WORKER_AUTH_TOKEN" in err
+    assert "value-1" not in err and "value-2" not in err, "the warning never repeats the secret"
+    parse(FRONTEND, ["--port", "1"], "t")
+    assert capsys.readouterr().err == ""
