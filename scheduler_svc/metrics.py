@@ -100,6 +100,11 @@ class LedgerReading(NamedTuple):
     live: bool  # False: the worker is gone; only its final counters remain
 
 
+# How long a lost worker's final counters stay exported, and how many lost workers at most.
+RETIRED_SERIES_TTL_SECONDS = 3600.0
+MAX_RETIRED_LEDGERS = 256
+
+
 class RetiredLedgers:
     """The counters of ledgers whose worker is gone, per (model, worker).
 
@@ -107,19 +112,48 @@ class RetiredLedgers:
     `worker_lost` releases, ...) must stay in the exported sums: a Prometheus counter that goes
     down reads as a reset and makes `rate()` jump. A worker that registers again under the same
     id continues from its old totals. Gauges are not kept: a gone worker holds nothing.
+
+    Workers that come back under new ids (no --worker-id) would grow the exposition without
+    bound, so a retired ledger's series go after `ttl` seconds, and beyond `max_kept` the
+    oldest go first. Prometheus sees the series end (it goes stale), not a counter reset, and
+    has long since scraped its final values.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        ttl: float = RETIRED_SERIES_TTL_SECONDS,
+        max_kept: int = MAX_RETIRED_LEDGERS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._totals: dict[tuple[str, str], SchedulerSnapshot] = {}
+        self._retired_at: dict[tuple[str, str], float] = {}
+        self.ttl = ttl
+        self.max_kept = max_kept
+        self._clock = clock
 
     def retire(self, model: str, worker: str, snapshot: SchedulerSnapshot) -> None:
         key = (model, worker)
-        before = self._totals.get(key)
+        before = self._totals.pop(key, None)
         totals = snapshot if before is None else add_counters(before, snapshot)
-        self._totals[key] = counters_only(totals)
+        self._totals[key] = counters_only(totals)  # re-inserted: dicts keep retirement order
+        self._retired_at[key] = self._clock()
+
+    def _expire(self, live: set[tuple[str, str]]) -> None:
+        """Drops expired and surplus retired totals, never those of a worker that is live
+        again (they are part of its exported counters)."""
+        cutoff = self._clock() - self.ttl
+        surplus = len(self._totals) - self.max_kept
+        for key in list(self._totals):
+            if key in live:
+                continue
+            if self._retired_at[key] <= cutoff or surplus > 0:
+                del self._totals[key], self._retired_at[key]
+                surplus -= 1
 
     def readings(self, live: Iterable[tuple[str, str, SchedulerSnapshot]]) -> list[LedgerReading]:
         """The live ledgers with their retired totals added, then the workers that are gone."""
+        live = list(live)
+        self._expire({(model, worker) for model, worker, _ in live})
         out, seen = [], set()
         for model, worker, snap in live:
             key = (model, worker)

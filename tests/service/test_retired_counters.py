@@ -3,6 +3,8 @@ never go down, and the releases a lost worker's drain counts (`worker_lost`) are
 
 from __future__ import annotations
 
+from scheduler_svc.core.stats import SchedulerSnapshot
+from scheduler_svc.metrics import RetiredLedgers
 from tests.service.test_links import (
     Worker,
     expected_tokens,
@@ -87,3 +89,54 @@ def test_a_lost_workers_counters_stay_exported_and_never_go_down():
             gate.release.set()
             w0.stop()
             w1.stop()
+
+
+def _snapshot(queries: int) -> SchedulerSnapshot:
+    return SchedulerSnapshot(
+        prefix_cache_queries=queries,
+        prefix_cache_hits=0,
+        stale_entries={},
+        entries_released={},
+        orphans=0,
+        table_orphans=0,
+        evictions=0,
+        hashes_removed={},
+        preemptions=0,
+        requests_finished={},
+        prompt_tokens=0,
+        generation_tokens=0,
+        tracker_entries=0,
+        blocks_total=8,
+        blocks_in_use=0,
+        blocks_cached=0,
+        usage=0.0,
+        num_running=0,
+        num_waiting=0,
+    )
+
+
+def test_retired_series_do_not_grow_without_bound():
+    """300 workers that came and went under new ids leave at most max_kept series, and a
+    retired series goes after its ttl; one that comes back in time keeps its totals."""
+    now = [0.0]
+    retired = RetiredLedgers(ttl=600, max_kept=50, clock=lambda: now[0])
+    for i in range(300):
+        now[0] += 1
+        retired.retire("m", f"w{i}", _snapshot(1))
+    readings = retired.readings([])
+    assert len(readings) == 50
+    assert {r.worker for r in readings} == {f"w{i}" for i in range(250, 300)}
+    retired.retire("m", "back", _snapshot(5))
+    now[0] += 599
+    back_live = [("m", "back", _snapshot(2))]
+    for _ in range(2):  # live again: its old totals stay, however long it lives
+        [back] = [r for r in retired.readings(back_live) if r.worker == "back"]
+        assert back.snapshot.prefix_cache_queries == 7 and back.live
+        now[0] += 700
+    retired.retire("m", "back", _snapshot(2))
+    now[0] += 599
+    assert [(r.worker, r.snapshot.prefix_cache_queries) for r in retired.readings([])] == [
+        ("back", 7)
+    ]
+    now[0] += 2
+    assert retired.readings([]) == []
