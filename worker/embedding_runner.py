@@ -15,6 +15,7 @@ import torch
 from worker.attention.dense import dense_plan, seq_positions
 from worker.batch import BatchLimits
 from worker.config import EncoderConfig
+from worker.layers.linear import prepare_for_device
 from worker.loader import load_weights
 from worker.model_runner import default_threads, resolve_dtype
 from worker.models import build_encoder
@@ -74,6 +75,7 @@ class EmbeddingRunner:
         self.limits = BatchLimits(block_size, 0, self.vocab_size, self.max_model_len)
         self.model = build_encoder(cfg, self.dtype, self.device)
         load_weights(self.model, Path(model_path), progress=progress)
+        prepare_for_device(self.model, self.device)
         log.info(
             "model %s: %s, %d layers, %s, %s pooling%s%s, max %d tokens",
             model_path,

@@ -13,6 +13,7 @@ from worker.attention.dense import dense_plan, seq_positions
 from worker.batch import BatchLimits, SeqChunk, StepBatch, prepare_batch
 from worker.config import EncoderConfig, ModelConfig
 from worker.kv_cache import KVCache, KVShape
+from worker.layers.linear import prepare_for_device
 from worker.loader import load_weights
 from worker.models import build_model
 from worker.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
@@ -87,6 +88,7 @@ class ModelRunner:
 
         self.model = build_model(cfg, self.backend, self.max_model_len, self.dtype, self.device)
         load_weights(self.model, Path(model_path), progress=progress)
+        prepare_for_device(self.model, self.device)
         if size_from_gpu:  # what the weights left of the utilization budget goes to KV
             free, total = torch.cuda.mem_get_info(self.device)
             budget = gpu_kv_budget(total, free, gpu_memory_utilization)
