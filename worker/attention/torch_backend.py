@@ -4,6 +4,10 @@ Per layer: write the batch's new K/V into the cache, then attend. Sequences with
 tokens (prefills, chunks over a cached prefix) attend one by one over their gathered context;
 single-token sequences (decodes) attend together in one padded call. Masks and gather indices
 are built once per step in `plan` and reused by every layer.
+
+Contexts are gathered with `index_select` over whole blocks into buffers the step allocates
+once and every layer reuses: advanced indexing (`cache[tables]`) copies element by element and
+took ~0.8 ms a layer for 16 decoding sequences of 600 tokens, against ~0.16 ms this way.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class PrefillSeq:
     context_len: int
     blocks: torch.Tensor  # [num_blocks_of_context] long
     mask: torch.Tensor | None  # [q_len, context_len] bool; None = causal from position 0
+    gather: Gather | None = None  # made by the first layer, reused by the others
 
 
 @dataclass
@@ -30,6 +35,30 @@ class DecodeGroup:
     token_idx: torch.Tensor  # [n] long: rows of the flat batch
     block_tables: torch.Tensor  # [n, max_blocks] long
     mask: torch.Tensor  # [n, 1, 1, max_blocks * block_size] bool: key is visible
+    gather: Gather | None = None  # made by the first layer, reused by the others
+
+
+@dataclass
+class Gather:
+    """Whole blocks of the cache copied out by `index_select` into buffers that every layer of
+    the step reuses (each layer overwrites them before it reads them)."""
+
+    blocks: torch.Tensor  # [num_blocks_gathered] long
+    keys: torch.Tensor  # [num_blocks_gathered, block_size, Hkv, D]
+    values: torch.Tensor
+
+    @classmethod
+    def for_cache(cls, blocks: torch.Tensor, cache: torch.Tensor) -> Gather:
+        shape = (blocks.numel(), *cache.shape[1:])
+        empty = torch.empty(shape, dtype=cache.dtype, device=cache.device)
+        return cls(blocks, empty, torch.empty_like(empty))
+
+    def __call__(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.index_select(k_cache, 0, self.blocks, out=self.keys)
+        torch.index_select(v_cache, 0, self.blocks, out=self.values)
+        return self.keys, self.values
 
 
 @dataclass
@@ -92,9 +121,12 @@ def write_kv(
 def _attend_prefill(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: PrefillSeq, scale: float
 ) -> torch.Tensor:
+    if seq.gather is None:
+        seq.gather = Gather.for_cache(seq.blocks, k_cache)
+    k_blocks, v_blocks = seq.gather(k_cache, v_cache)
     # 4-d inputs: with 3-d ones torch's CPU SDPA falls back to its ~10x slower math kernel
-    keys = k_cache[seq.blocks].flatten(0, 1)[: seq.context_len].transpose(0, 1).unsqueeze(0)
-    values = v_cache[seq.blocks].flatten(0, 1)[: seq.context_len].transpose(0, 1).unsqueeze(0)
+    keys = k_blocks.flatten(0, 1)[: seq.context_len].transpose(0, 1).unsqueeze(0)
+    values = v_blocks.flatten(0, 1)[: seq.context_len].transpose(0, 1).unsqueeze(0)
     queries = q[seq.q_start : seq.q_end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
     out = F.scaled_dot_product_attention(
         queries,
@@ -111,8 +143,12 @@ def _attend_prefill(
 def _attend_decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup, scale: float
 ) -> torch.Tensor:
-    keys = k_cache[group.block_tables].flatten(1, 2).transpose(1, 2)  # [n, Hkv, L, D]
-    values = v_cache[group.block_tables].flatten(1, 2).transpose(1, 2)
+    if group.gather is None:
+        group.gather = Gather.for_cache(group.block_tables.flatten(), k_cache)
+    n, width = group.block_tables.shape
+    k_blocks, v_blocks = group.gather(k_cache, v_cache)
+    keys = k_blocks.view(n, width * k_cache.shape[1], *k_cache.shape[2:]).transpose(1, 2)
+    values = v_blocks.view(n, width * v_cache.shape[1], *v_cache.shape[2:]).transpose(1, 2)
     queries = q[group.token_idx].unsqueeze(2)  # [n, H, 1, D]
     out = F.scaled_dot_product_attention(
         queries, keys, values, attn_mask=group.mask, scale=scale, enable_gqa=True
