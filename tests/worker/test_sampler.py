@@ -223,3 +223,34 @@ def test_finite_rows_whose_sum_overflows_still_sample() -> None:
     out = Sampler(0)(huge, [chunk(), chunk()])
     assert out[0].error is not None
     assert out[1].error is None and out[1].token_id == 0
+
+
+def _filter_by_full_sort(logits, top_k, top_p):  # noqa: ANN001, ANN202 - the old definition
+    vocab = logits.shape[1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
+    kth = sorted_logits.gather(1, (k - 1).unsqueeze(1))
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_topk_candidates_filter_exactly_like_a_full_sort(seed: int) -> None:
+    """filter_logits looks among the best tokens only (topk, not a full-vocabulary sort); it
+    must keep exactly the tokens a full sort keeps: peaked and flat rows (a flat top-p row
+    needs more than TOP_P_CANDIDATES tokens), ties at the k-th value, rows filtering nothing."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = 5000
+    logits = (
+        torch.randn(8, vocab, generator=gen) * torch.tensor([8, 8, 0.01, 3, 1, 5, 2, 0.5])[:, None]
+    )
+    logits[3, :40] = logits[3].max() + 1  # 40 tokens tied at the top
+    top_k = torch.tensor([0, 5, 0, 20, 3000, 0, 50, 0])
+    top_p = torch.tensor([0.9, 1.0, 0.95, 0.5, 0.99, 0.3, 1.0, 1.0 if seed % 2 else 0.8])
+    got = filter_logits(logits, top_k, top_p, torch.zeros(8))
+    want = _filter_by_full_sort(logits, top_k, top_p)
+    assert torch.equal(torch.isfinite(got), torch.isfinite(want))
+    assert torch.equal(got[torch.isfinite(got)], logits[torch.isfinite(want)])
