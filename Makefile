@@ -48,8 +48,11 @@ bench: install
 	$(BIN)/python benchmarks/scheduler_step.py
 	$(BIN)/python benchmarks/routing_probe.py
 	$(BIN)/python benchmarks/worker_forward.py
-	$(BIN)/python benchmarks/serving.py
+	$(BIN)/python benchmarks/linear_layouts.py
+	$(BIN)/python benchmarks/serving.py --compare-prefix-caching
 	$(BIN)/python benchmarks/frontend_loop.py
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/peers.py $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER))
 
 clean:
 	rm -rf $(VENV) .pytest_cache

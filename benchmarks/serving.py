@@ -1,150 +1,101 @@
-"""End-to-end serving benchmark: prefix caching on vs off, side by side in one run.
+"""Serving benchmark: streaming completions against any OpenAI-compatible server.
 
-Starts `kvledger serve` (real processes) twice on the default tiny-llama, sends the same
-workload of concurrent streaming completions whose prompts share a long prefix (a system prompt
-as in chat serving), and prints throughput and latency with the on/off ratios.
+    # a running server (kvledger, llama.cpp's llama-server, vLLM, ...)
+    .venv/bin/python benchmarks/serving.py --url http://127.0.0.1:8000 --concurrency 16
+    # kvledger started by the script, prefix caching on and then off, side by side
+    .venv/bin/python benchmarks/serving.py --compare-prefix-caching
 
-    .venv/bin/python benchmarks/serving.py [--requests 64] [--concurrency 8]
+Datasets (token-id prompts: every engine sees the same tokens): `shared-prefix` (--prefix-len
+tokens shared by every prompt, then --suffix-len of its own; a system prompt or a multi-turn
+chat, as in real serving) and `random` (--suffix-len random tokens). Requests go out at
+--concurrency (closed loop) or at --request-rate per second (Poisson arrivals). Reports output
+tokens/s, requests/s, TTFT and inter-token latency p50/p90/p99, and the share of prompt tokens
+the server says it served from its prefix cache; --json writes every figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
+import json
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import openai
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.load import Summary, Workload, drive  # noqa: E402
 from tests.serving import start_serve  # noqa: E402
 
-SYSTEM = (
-    "You are the ledger. Every block is accounted for, every entry is true now or "
-    "known to be stale before anything reads it. "
-) * 12
 
-
-@dataclass
-class Run:
-    seconds: float
-    ttft: list[float]
-    itl: list[float]  # gaps between a stream's successive token chunks
-    output_tokens: int
-    cached_tokens: int
-    prompt_tokens: int
-
-
-async def one(
-    client: openai.AsyncOpenAI, prompt: str, max_tokens: int
-) -> tuple[float, list[float], int, int, int]:
-    """(TTFT, inter-token gaps, output tokens, cached prompt tokens, prompt tokens) of one
-    streamed request."""
-    start = time.perf_counter()
-    first = None
-    last = 0.0
-    gaps: list[float] = []
-    stream = await client.completions.create(
-        model="tiny-llama",
-        prompt=prompt,
-        max_tokens=max_tokens,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
-    )
-    usage = None
-    async for chunk in stream:
-        if chunk.choices:
-            now = time.perf_counter()
-            if first is None:
-                first = now - start
-            else:
-                gaps.append(now - last)
-            last = now
-        if chunk.usage:
-            usage = chunk.usage
-    assert usage is not None, "the server sent no usage chunk"
-    return (
-        first or 0.0,
-        gaps,
-        usage.completion_tokens,
-        usage.prompt_tokens_details.cached_tokens,
-        usage.prompt_tokens,
-    )
-
-
-async def workload(url: str, n: int, concurrency: int, max_tokens: int) -> Run:
-    gate = asyncio.Semaphore(concurrency)
-    results = []
-    # closed inside this event loop: each workload runs in its own asyncio.run
-    async with openai.AsyncOpenAI(
-        base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=600
-    ) as client:
-
-        async def guarded(i: int) -> None:
-            async with gate:
-                prompt = f"{SYSTEM} Question {i}: what is in block {i}?"
-                results.append(await one(client, prompt, max_tokens))
-
-        start = time.perf_counter()
-        await asyncio.gather(*(guarded(i) for i in range(n)))
-        seconds = time.perf_counter() - start
-    return Run(
-        seconds,
-        [r[0] for r in results],
-        [gap for r in results for gap in r[1]],
-        sum(r[2] for r in results),
-        sum(r[3] for r in results),
-        sum(r[4] for r in results),
-    )
-
-
-def measure(caching: bool, args: argparse.Namespace) -> Run:
+def kvledger(caching: bool, wl: Workload, args: argparse.Namespace) -> Summary:
     flag = "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"
     with tempfile.TemporaryDirectory() as tmp:
-        served = start_serve(
-            Path(tmp), flag, "--num-kv-blocks", str(args.kv_blocks), debug_invariants=False
-        )
+        served = start_serve(Path(tmp), flag, debug_invariants=False)
         try:
-            asyncio.run(workload(served.url, 4, 4, 4))  # warm-up
+            name = f"kvledger cache {'on' if caching else 'off'}"
             return asyncio.run(
-                workload(served.url, args.requests, args.concurrency, args.max_tokens)
+                drive(served.url, args.model, wl, args.concurrency, args.request_rate, name)
             )
         finally:
             served.stop()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--kv-blocks", type=int, default=2048)
-    args = parser.parse_args()
-    on, off = measure(True, args), measure(False, args)
+def table(summaries: list[Summary]) -> None:
     rows = [
-        ("requests/s", lambda r: args.requests / r.seconds),
-        ("output tokens/s", lambda r: r.output_tokens / r.seconds),
-        ("TTFT p50 (ms)", lambda r: 1000 * statistics.median(r.ttft)),
-        ("TTFT p90 (ms)", lambda r: 1000 * statistics.quantiles(r.ttft, n=10)[-1]),
-        ("inter-token p50 (ms)", lambda r: 1000 * statistics.median(r.itl)),
-        ("inter-token p90 (ms)", lambda r: 1000 * statistics.quantiles(r.itl, n=10)[-1]),
-        ("prompt tokens cached (%)", lambda r: 100 * r.cached_tokens / max(r.prompt_tokens, 1)),
+        ("output tokens/s", lambda s: s.output_tok_s),
+        ("requests/s", lambda s: s.requests_s),
+        *[(f"TTFT {p} (ms)", lambda s, p=p: s.ttft_ms[p]) for p in ("p50", "p90", "p99")],
+        *[(f"inter-token {p} (ms)", lambda s, p=p: s.itl_ms[p]) for p in ("p50", "p90", "p99")],
+        ("prompt tokens cached (%)", lambda s: 100 * (s.cached_share or 0.0)),
     ]
-    print(
-        f"{args.requests} streaming requests, concurrency {args.concurrency}, "
-        f"{args.max_tokens} output tokens, shared prefix of ~{len(SYSTEM.split())} words"
-    )
-    print("| metric | cache on | cache off | on / off |\n|---|---:|---:|---:|")
+    head = " | ".join(s.engine for s in summaries)
+    ratio = " | first / second" if len(summaries) == 2 else ""
+    print(f"| metric | {head}{ratio} |\n|---|" + "---:|" * (len(summaries) + bool(ratio)))
     for name, fn in rows:
-        a, b = fn(on), fn(off)
-        ratio = f"{a / b:.2f}x" if b else "-"
-        print(f"| {name} | {a:.1f} | {b:.1f} | {ratio} |")
+        values = [fn(s) for s in summaries]
+        cells = " | ".join(f"{v:.1f}" for v in values)
+        if ratio:
+            cells += f" | {values[0] / values[1]:.2f}x" if values[1] else " | -"
+        print(f"| {name} | {cells} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", help="a running server; without it, kvledger is started")
+    ap.add_argument("--model", default="tiny-llama")
+    ap.add_argument("--dataset", choices=("shared-prefix", "random"), default="shared-prefix")
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--prefix-len", type=int, default=512)
+    ap.add_argument("--suffix-len", type=int, default=36)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--request-rate", type=float, help="Poisson arrivals per second")
+    ap.add_argument("--compare-prefix-caching", action="store_true")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+    wl = Workload(args.dataset, args.requests, args.prefix_len, args.suffix_len, args.max_tokens)
+    if args.url:
+        summaries = [
+            asyncio.run(
+                drive(args.url, args.model, wl, args.concurrency, args.request_rate, args.url)
+            )
+        ]
+    elif args.compare_prefix_caching:
+        summaries = [kvledger(True, wl, args), kvledger(False, wl, args)]
+    else:
+        summaries = [kvledger(True, wl, args)]
+    print(
+        f"{wl.num_requests} streaming requests, dataset {wl.dataset} ({wl.prefix_len}+"
+        f"{wl.suffix_len} tokens), {wl.max_tokens} output tokens, "
+        + (
+            f"rate {args.request_rate}/s"
+            if args.request_rate
+            else f"concurrency {args.concurrency}"
+        )
+    )
+    table(summaries)
+    if args.json:
+        Path(args.json).write_text(json.dumps([s.row() for s in summaries], indent=2))
 
 
 if __name__ == "__main__":

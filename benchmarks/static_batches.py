@@ -1,0 +1,62 @@
+"""Hugging Face transformers `generate` on static batches: the peers benchmark's baseline.
+
+Run by benchmarks/peers.py in a child process (its peak memory is then its own):
+
+    python benchmarks/static_batches.py MODEL_DIR WORKLOAD_JSON C1_WORKLOAD_JSON THREADS
+
+Batches of 16 (and of 1 for the concurrency-1 figure) of the workload's token-id prompts, all of
+one length, greedy, exactly max_tokens new tokens each (min_new_tokens = max_new_tokens). Prints
+one JSON line: tokens/s per batch size, peak RSS, and the greedy tokens of the first two prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.load import Workload  # noqa: E402
+
+
+def main() -> None:
+    model_dir, wl_json, c1_json, threads = sys.argv[1:5]
+    torch.set_num_threads(int(threads))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    tok_s, first = {}, []
+    for batch_size, wl in (
+        (16, Workload(**json.loads(wl_json))),
+        (1, Workload(**json.loads(c1_json))),
+    ):
+        prompts = wl.prompts()
+        tokens, start = 0, time.perf_counter()
+        for i in range(0, len(prompts), batch_size):
+            ids = torch.tensor(prompts[i : i + batch_size])
+            with torch.inference_mode():
+                out = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=wl.max_tokens,
+                    min_new_tokens=wl.max_tokens,
+                    do_sample=False,
+                    pad_token_id=0,
+                )
+            new = out[:, ids.shape[1] :]
+            tokens += new.numel()
+            if not first:
+                first = new[:2, :16].tolist()
+        tok_s[str(batch_size)] = tokens / (time.perf_counter() - start)
+    rss = next(
+        int(line.split()[1]) / 1024
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if line.startswith("VmHWM:")
+    )
+    print(json.dumps({"tok_s": tok_s, "memory_mib": {"transformers": rss}, "greedy_tokens": first}))
+
+
+if __name__ == "__main__":
+    main()

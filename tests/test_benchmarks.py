@@ -1,0 +1,60 @@
+"""The benchmarks' pure parts: the workload they send and the GGUF weight layout for llama.cpp.
+(Timings are never asserted: they live in benchmarks/ and the README.)"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.gguf_export import gguf_name, rotate_half_to_interleaved
+from benchmarks.load import Workload, percentiles
+
+
+def test_shared_prefix_prompts_share_exactly_the_prefix_and_are_deterministic():
+    wl = Workload(num_requests=5, prefix_len=64, suffix_len=8, seed=3)
+    prompts = wl.prompts()
+    assert prompts == wl.prompts()
+    assert all(len(p) == 72 and p[:64] == prompts[0][:64] for p in prompts)
+    assert len({tuple(p[64:]) for p in prompts}) == 5
+    random = Workload(dataset="random", num_requests=3, suffix_len=10).prompts()
+    assert [len(p) for p in random] == [10, 10, 10] and random[0][:4] != random[1][:4]
+
+
+def test_percentiles_in_ms():
+    assert abs(percentiles([0.001 * i for i in range(1, 101)])["p50"] - 50.5) < 1e-9
+    assert percentiles([0.002]) == {"p50": 2.0, "p90": 2.0, "p99": 2.0}
+
+
+def _rope(x: np.ndarray, pos: int, interleaved: bool) -> np.ndarray:
+    """Rotary embedding of one head's vector, in either pairing convention."""
+    dim = x.shape[-1]
+    freqs = pos / 10000 ** (np.arange(0, dim, 2) / dim)
+    cos, sin = np.cos(freqs), np.sin(freqs)
+    if interleaved:  # llama.cpp's `llama`: pairs (0,1), (2,3), ...
+        a, b = x[0::2], x[1::2]
+        out = np.empty_like(x)
+        out[0::2], out[1::2] = a * cos - b * sin, a * sin + b * cos
+        return out
+    a, b = x[: dim // 2], x[dim // 2 :]  # Hugging Face: halves
+    return np.concatenate([a * cos - b * sin, a * sin + b * cos])
+
+
+def test_permuted_q_and_k_give_llama_cpp_the_same_attention_scores():
+    """HF's rotate-half RoPE on W x equals llama.cpp's interleaved RoPE on the permuted rows,
+    up to a per-head reordering of dimensions that q.k does not see."""
+    rng = np.random.default_rng(0)
+    heads, head_dim, hidden = 2, 8, 16
+    wq, wk = rng.normal(size=(2, heads * head_dim, hidden))
+    x1, x2 = rng.normal(size=(2, hidden))
+    pq, pk = rotate_half_to_interleaved(wq, heads), rotate_half_to_interleaved(wk, heads)
+    for h in range(heads):
+        rows = slice(h * head_dim, (h + 1) * head_dim)
+        hf = _rope(wq[rows] @ x1, 7, False) @ _rope(wk[rows] @ x2, 3, False)
+        cpp = _rope(pq[rows] @ x1, 7, True) @ _rope(pk[rows] @ x2, 3, True)
+        assert np.isclose(hf, cpp)
+
+
+def test_gguf_tensor_names():
+    assert gguf_name("model.layers.3.self_attn.q_proj.weight") == "blk.3.attn_q.weight"
+    assert gguf_name("model.layers.0.mlp.down_proj.weight") == "blk.0.ffn_down.weight"
+    assert gguf_name("model.layers.1.post_attention_layernorm.weight") == "blk.1.ffn_norm.weight"
+    assert gguf_name("lm_head.weight") == "output.weight"
