@@ -37,16 +37,18 @@ def check_scheduler(scheduler: Scheduler) -> None:
     for request in running:
         ensure(request.status is RequestStatus.RUNNING, f"{request.request_id} not RUNNING")
         ensure(
-            0 < request.num_computed_tokens <= request.num_tokens,
+            0 < request.num_computed_tokens <= request.num_tokens + request.num_placeholders,
             f"{request.request_id}: computed {request.num_computed_tokens} of "
-            f"{request.num_tokens} tokens",
+            f"{request.num_tokens} tokens and {request.num_placeholders} placeholders",
         )
+        ensure(request.num_placeholders >= 0, f"{request.request_id}: negative placeholders")
     for request in waiting:
         ensure(
             request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED),
             f"waiting {request.request_id} has status {request.status}",
         )
         ensure(request.num_computed_tokens == 0, f"waiting {request.request_id} has KV")
+        ensure(request.num_placeholders == 0, f"waiting {request.request_id} has placeholders")
     key = scheduler._running_key
     ensure(
         all(key(a) < key(b) for a, b in zip(running, running[1:], strict=False)),

@@ -229,9 +229,11 @@ class KVCacheManager(KVManager):
             f"{rid}: a block appears twice in its table",
         )
         ensure(
-            table.num_committed == request.num_computed_tokens // size,
-            f"{rid}: {table.num_committed} blocks committed, "
-            f"{request.num_computed_tokens} tokens computed",
+            table.num_committed == request.num_committed_tokens // size
+            and request.num_committed_tokens
+            <= min(request.num_computed_tokens, request.num_tokens),
+            f"{rid}: {table.num_committed} blocks committed of {request.num_committed_tokens} "
+            f"known tokens, {request.num_computed_tokens} tokens computed",
         )
         tokens = request.all_token_ids
         for i, block in enumerate(table.blocks):

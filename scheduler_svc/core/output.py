@@ -21,6 +21,8 @@ class ScheduledNew:
     num_prompt_tokens: int
     claimed: list[BlockHashPair]  # cache-hit blocks the plan claims already hold this content
     written: list[BlockHashPair]  # blocks that become full in this step, with their hash
+    samples: bool = False  # this chunk reaches the end of the sequence: it samples a token
+    placement: int = 0  # Request.placement when planned
 
 
 @dataclass(slots=True)
@@ -31,7 +33,11 @@ class ScheduledCont:
     new_block_ids: list[int]  # appended to its table
     num_computed_tokens: int
     num_scheduled_tokens: int
+    # blocks that are full of known tokens and computed by this step or an earlier one (a
+    # block filled by a placeholder token is declared once that token is known)
     written: list[BlockHashPair]
+    samples: bool = False
+    placement: int = 0
 
 
 @dataclass(slots=True)

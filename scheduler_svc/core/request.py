@@ -42,6 +42,15 @@ class Request:
     finish_reason: FinishReason | None = None
     finish_message: str = ""  # e.g. why IGNORED: the frontend turns it into a 400
     num_preemptions: int = 0
+    # Sampling steps planned whose token the scheduler does not know yet (async scheduling:
+    # the worker computes step N+1 on the token it samples in step N). 0 in lockstep.
+    num_placeholders: int = 0
+    # Tokens known when its full blocks were last committed (hashed and declared written):
+    # a block filled by a placeholder is committed only once its token is known.
+    num_committed_tokens: int = 0
+    # Moves at every reset for recompute: a result item planned for an earlier placement of
+    # this request (still in flight when it was requeued) is recognised and ignored.
+    placement: int = 0
     arrival_index: int = field(default=-1, init=False)  # set by the scheduler on arrival
     was_admitted: bool = field(default=False, init=False)
     # prompt + outputs in one list, so slicing a block never copies the whole sequence
@@ -90,3 +99,6 @@ class Request:
         """Forget every computed position; tokens generated so far are kept."""
         self.status = status
         self.num_computed_tokens = 0
+        self.num_placeholders = 0
+        self.num_committed_tokens = 0
+        self.placement += 1

@@ -53,6 +53,8 @@ class Scheduler:
         self._dropped: list[str] = []  # the worker must forget these with the next plan
         self._finished_pending: list[RequestUpdate] = []
         self._running_dirty = False  # some running request left during this update
+        # Plans handed out and not yet answered, oldest first (two under async scheduling).
+        self._in_flight: list[SchedulerOutput] = []
         capacity = self.kv.token_capacity
         self.max_len = (
             config.max_model_len if capacity is None else min(config.max_model_len, capacity)
@@ -148,6 +150,7 @@ class Scheduler:
         self.running = []
         self.waiting = make_waiting_queue(self.config.policy)
         self._dropped = []
+        self._in_flight = []
         if self.config.debug_invariants:
             self.check_invariants()
         return live
@@ -173,6 +176,8 @@ class Scheduler:
             num_batched_tokens=full_budget - budget,
         )
         self._dropped, self._finished_pending = [], []
+        if not output.is_empty:
+            self._in_flight.append(output)
         if self.config.debug_invariants:
             self.check_invariants()
         return output
@@ -180,15 +185,15 @@ class Scheduler:
     def _schedule_running(self, cont: list[ScheduledCont], budget: int) -> tuple[int, bool]:
         running, kv = self.running, self.kv
         chunked = self.config.enable_chunked_prefill
-        block_size = self.config.block_size
         preempted = False
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
             computed = request.num_computed_tokens
-            num_new = request.num_tokens - computed
-            if num_new <= 0:  # still waiting for the token of the previous step
-                i += 1
+            end = request.num_tokens + request.num_placeholders
+            num_new = end - computed
+            if num_new <= 0 or not self._may_plan_ahead(request):
+                i += 1  # waits for the token of a step still in flight
                 continue
             if num_new > budget:
                 if not chunked:
@@ -208,14 +213,31 @@ class Scheduler:
                 new_block_ids = kv.allocate_slots(rid, total)
             if new_block_ids is None:
                 break  # it preempted itself; it was the last one left to serve
-            written = (
-                self._commit(request, total) if total // block_size > computed // block_size else []
+            written = self._commit_known(request, total)
+            samples = total == end
+            cont.append(
+                ScheduledCont(
+                    rid, new_block_ids, computed, num_new, written, samples, request.placement
+                )
             )
-            cont.append(ScheduledCont(rid, new_block_ids, computed, num_new, written))
             request.num_computed_tokens = total
+            if samples and not request.is_embedding:
+                request.num_placeholders += 1
             budget -= num_new
             i += 1
         return budget, preempted
+
+    def _may_plan_ahead(self, request: Request) -> bool:
+        """A step on a token not known yet (async scheduling) only where the worker certainly
+        produces it: never past max_tokens or the context, which would end the request first.
+        (An EOS or stop token may still end it: that step's token is then discarded.)"""
+        ahead = request.num_placeholders
+        if ahead == 0:
+            return True
+        return (
+            request.num_output_tokens + ahead < request.max_tokens
+            and request.num_tokens + ahead < self.max_len
+        )
 
     def _schedule_waiting(self, new: list[ScheduledNew], budget: int, preempted: bool) -> int:
         config, waiting, tracker = self.config, self.waiting, self.tracker
@@ -252,11 +274,10 @@ class Scheduler:
         rid = request.request_id
         computed = lookup.num_tokens
         total = computed + num_new
-        block_size = self.config.block_size
         caching = self.config.caches_prefixes
-        written = (
-            self._commit(request, total) if total // block_size > computed // block_size else []
-        )
+        request.num_committed_tokens = computed  # the claimed blocks: committed already
+        written = self._commit_known(request, total)
+        samples = total == request.num_tokens
         scheduled = ScheduledNew(
             request_id=rid,
             token_ids=list(request.all_token_ids),
@@ -266,9 +287,13 @@ class Scheduler:
             num_prompt_tokens=request.num_prompt_tokens,
             claimed=self.kv.claimed_pairs(rid, len(lookup.blocks)),
             written=written,
+            samples=samples,
+            placement=request.placement,
         )
         request.status = RUNNING
         request.num_computed_tokens = total
+        if samples and not request.is_embedding:
+            request.num_placeholders += 1
         if not request.was_admitted:
             request.was_admitted = True
             request.num_cached_tokens = computed
@@ -278,6 +303,18 @@ class Scheduler:
             self.stats.prefix_cache_hits += computed
         insort(self.running, request, key=self._running_key)
         return scheduled
+
+    def _commit_known(self, request: Request, total: int) -> list[BlockHashPair]:
+        """Commits the full blocks of known tokens up to `total` computed ones. A block that a
+        placeholder token fills (async scheduling) waits until a later plan knows its token;
+        the worker has written it by then, since it runs plans in order."""
+        known = min(total, request.num_tokens)
+        size = self.config.block_size
+        committed = request.num_committed_tokens
+        request.num_committed_tokens = max(committed, known)
+        if known // size <= committed // size:
+            return []
+        return self._commit(request, known)
 
     def _commit(self, request: Request, num_tokens: int) -> list[BlockHashPair]:
         num_full = num_tokens // self.config.block_size
@@ -294,6 +331,7 @@ class Scheduler:
         self, output: SchedulerOutput, result: ModelResult
     ) -> list[RequestUpdate]:
         updates: list[RequestUpdate] = []
+        self._in_flight = [o for o in self._in_flight if o is not output]
         if result.all_cleared:
             self._worker_restarted()
         if result.removed_block_ids:
@@ -351,11 +389,14 @@ class Scheduler:
         for item in scheduled:
             request = requests.get(item.request_id)
             if (
-                request is None
+                not item.samples
+                or request is None
                 or request.status is not RUNNING
-                or request.num_computed_tokens < len(request.all_token_ids)
+                or request.placement != item.placement
             ):
-                continue  # gone, requeued, or a prompt chunk that samples nothing
+                continue  # a prompt chunk, or gone, requeued, or planned before a requeue
+            if not request.is_embedding:
+                request.num_placeholders -= 1
             if request.is_embedding:
                 if request.request_id in embedded:
                     self._finish(request, FinishReason.STOP, "", "finished", batched=True)
@@ -388,10 +429,14 @@ class Scheduler:
         self.stats.generation_tokens += num_sampled
 
     def _forget_unwritten(self, output: SchedulerOutput, request_ids: set[str]) -> None:
-        """Blocks declared written by requests the worker did not run hold no such content."""
+        """Blocks declared written by requests the worker did not run hold no such content.
+        Plans still in flight (async scheduling) are void for those requests too: the worker
+        skips the requests it failed or refused, so their declarations there never hold."""
+        outputs = [output, *(o for o in self._in_flight if o is not output)]
         block_ids = [
             block_id
-            for item in iter_chain(output.new, output.cont)
+            for out in outputs
+            for item in iter_chain(out.new, out.cont)
             if item.request_id in request_ids
             for block_id, _ in item.written
         ]

@@ -10,7 +10,7 @@ for a reason no injected fault explains: refusing it would only hide the schedul
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 
 from scheduler_svc.core import (
@@ -55,6 +55,7 @@ def default_token(rid: str, tokens: list[int]) -> int:
 class FakeWorker:
     block_size: int
     kv: bool = True  # False: no tables at all (the no-KV manager)
+    late: bool = False  # async scheduling: a block may be declared written after its step
     next_token: Callable[[str, list[int]], int] = default_token
     requests: dict[str, Request] = field(default_factory=dict)  # every request ever added
     tables: dict[str, list[int]] = field(default_factory=dict)
@@ -63,6 +64,10 @@ class FakeWorker:
     declared: dict[int, bytes] = field(default_factory=dict)  # provenance, as a worker keeps
     truth: dict[int, Truth | None] = field(default_factory=dict)  # what a block really holds
     claims_checked: int = 0
+    # Requests this worker failed or refused: under async scheduling a plan already in flight
+    # may still continue them; like the real worker, it skips them until a plan drops them.
+    voided: set[str] = field(default_factory=set)
+    committed: dict[str, int] = field(default_factory=dict)  # blocks declared, per request
     # What the worker itself put in `declared`. A test may overwrite a record (a fault), and
     # only a record that differs from this one may justify refusing a claim.
     recorded: dict[int, bytes] = field(default_factory=dict)
@@ -78,9 +83,16 @@ class FakeWorker:
         errored: dict[str, str] | None = None,
         drop_blocks: Iterable[int] = (),
         withhold: Iterable[str] = (),
+        excused: frozenset[BlockHashPair] = frozenset(),
     ) -> ModelResult:
+        """`excused`: writes that failed in an earlier step after this plan was made (two
+        plans in flight): a claim on them is refused for a reason the test caused."""
         for rid in out.dropped_request_ids:
             self._forget(rid)
+            self.voided.discard(rid)
+        # what a voided continuation declares is never written: claims on it are explained
+        excused = excused | _written_by(out, self.voided)
+        out = _without(out, self.voided)
         for new in out.new:
             self._place(new.request_id, new.token_ids, new.block_ids, new.num_computed_tokens)
             assert new.num_computed_tokens == len(new.claimed) * self.block_size
@@ -90,10 +102,11 @@ class FakeWorker:
             assert rid in self.tables, f"continuing {rid}, which the worker does not hold"
             assert cont.num_computed_tokens == self.computed[rid], f"{rid}: computed mismatch"
             self.tables[rid].extend(cont.new_block_ids)
-        errored = dict(errored or {})
-        refused = self._refused_claims(out, errored)
+        held = {item.request_id for item in chain(out.new, out.cont)}
+        errored = {rid: why for rid, why in (errored or {}).items() if rid in held}
+        refused = self._refused_claims(out, errored, excused)
         failed = refused | set(errored)
-        unwritten = _written_by(out, failed)
+        unwritten = _written_by(out, failed) | excused
         # a block written now may also be claimed now (same-step sharing), nothing else
         shared_now = {b for new in out.new for b, _ in new.claimed} & {
             b for item in chain(out.new, out.cont) for b, _ in item.written
@@ -111,6 +124,7 @@ class FakeWorker:
             self._unrecord(block)  # reported: no later claim of it is legitimate
         for rid in failed:
             self._forget(rid)
+        self.voided |= failed
         self._sample(out, result, failed | set(withhold))
         self._drop(drop_blocks, result)
         return result
@@ -120,13 +134,17 @@ class FakeWorker:
         self.tables[rid] = list(blocks)
         self.tokens[rid] = list(tokens)
         self.computed[rid] = computed
+        self.committed[rid] = computed // self.block_size
 
     def _forget(self, rid: str) -> None:
         self.tables.pop(rid, None)
         self.tokens.pop(rid, None)
         self.computed.pop(rid, None)
+        self.committed.pop(rid, None)
 
-    def _refused_claims(self, out: SchedulerOutput, errored: dict[str, str]) -> set[str]:
+    def _refused_claims(
+        self, out: SchedulerOutput, errored: dict[str, str], excused: frozenset[BlockHashPair]
+    ) -> set[str]:
         """Provenance check, with same-step writes visible (writes precede reads per layer)."""
         refused: set[str] = set()
         while True:
@@ -142,7 +160,7 @@ class FakeWorker:
             if not newly:
                 break
             refused |= newly
-        self._check_refusals(out, view, _written_by(out, refused | set(errored)))
+        self._check_refusals(out, view, _written_by(out, refused | set(errored)) | excused)
         return refused
 
     def _check_refusals(
@@ -192,7 +210,16 @@ class FakeWorker:
                 self.truth[block] = None  # partial: holds nothing claimable
             self._unrecord(block)
         if written:
-            assert [b for b, _ in written] == full_now, f"{rid}: written {written} != {full_now}"
+            # this step's full blocks, or (async scheduling) earlier full ones declared late,
+            # once their token was known: always the next ones in table order, all written
+            first = self.committed[rid]
+            expected = table[first : first + len(written)]
+            assert [b for b, _ in written] == expected, f"{rid}: written {written} != {expected}"
+            assert first + len(written) <= end // size, f"{rid}: declares an unwritten block"
+            assert self.late or [b for b, _ in written] == full_now, (
+                f"{rid}: written {written} != {full_now}"
+            )
+            self.committed[rid] = first + len(written)
             self.declared.update(written)
             self.recorded.update(written)
         self.computed[rid] = end
@@ -260,6 +287,8 @@ class FakeWorker:
             result.removed_block_ids.append(block)
 
     def restart(self) -> None:
+        self.voided.clear()
+        self.committed.clear()
         self.tables.clear()
         self.tokens.clear()
         self.computed.clear()
@@ -268,9 +297,20 @@ class FakeWorker:
         self.truth.clear()
 
 
+def _without(out: SchedulerOutput, voided: set[str]) -> SchedulerOutput:
+    """The plan as the worker runs it: continuations of requests it voided are skipped."""
+    if not voided:
+        return out
+    return replace(out, cont=[c for c in out.cont if c.request_id not in voided])
+
+
 def _written_by(out: SchedulerOutput, request_ids: set[str]) -> set[BlockHashPair]:
     items = chain(out.new, out.cont)
     return {pair for item in items if item.request_id in request_ids for pair in item.written}
+
+
+def _ids(out: SchedulerOutput) -> set[str]:
+    return {item.request_id for item in chain(out.new, out.cont)}
 
 
 def _short(block_hash: bytes | None) -> str:
@@ -285,7 +325,9 @@ class Harness:
     worker: FakeWorker
     updates: list[RequestUpdate] = field(default_factory=list)
     last: SchedulerOutput | None = None
-    in_flight: bool = False  # planned, but the worker's result is not applied yet
+    pending: list[SchedulerOutput] = field(default_factory=list)  # planned, not applied yet
+    # per pending plan (by id): writes that failed after it was planned (see FakeWorker.run)
+    excused: dict[int, frozenset[BlockHashPair]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, kv: bool = True, **overrides: object) -> Harness:
@@ -297,25 +339,49 @@ class Harness:
             self.worker.requests[r.request_id] = r
             self.sched.add_request(r)
 
+    @property
+    def in_flight(self) -> bool:
+        self._prune()
+        return bool(self.pending)
+
+    def _prune(self) -> None:
+        """Forgets plans a test applied itself (update_from_output called directly)."""
+        live = self.sched._in_flight  # an empty plan is never sent: nothing to run or apply
+        self.pending = [o for o in self.pending if any(o is x for x in live)]
+
     def plan(self) -> SchedulerOutput:
+        self._prune()
         self.last = self.sched.schedule()
-        self.in_flight = True
+        self.pending.append(self.last)
         self.updates.extend(self.last.finished)
         return self.last
 
     def finish_step(self, **inject: object) -> list[RequestUpdate]:
-        assert self.last is not None
-        self.in_flight = False
-        result = self.worker.run(self.last, **inject)  # type: ignore[arg-type]
-        updates = self.sched.update_from_output(self.last, result)
+        """The worker runs the oldest plan in flight; its result is applied."""
+        self._prune()
+        if not self.pending:
+            return []
+        out = self.pending.pop(0)
+        excused = self.excused.pop(id(out), frozenset())
+        result = self.worker.run(out, excused=excused, **inject)  # type: ignore[arg-type]
+        failed = _written_by(out, set(result.errored) | set(result.stale_request_ids))
+        removed = set(result.removed_block_ids)
+        for later in self.pending:  # planned before this failure or removal was reported
+            claims = {pair for new in later.new for pair in new.claimed if pair[0] in removed}
+            self.excused[id(later)] = self.excused.get(id(later), frozenset()) | failed | claims
+        updates = self.sched.update_from_output(out, result)
         self.updates.extend(updates)
         return updates
 
     def check_cache(self) -> None:
-        """The worker holds what every cached hash names (between steps only)."""
+        """The worker holds what every cached hash names, except blocks that plans still in
+        flight declare (the worker has not run them yet)."""
         if isinstance(self.sched.kv, KVCacheManager):
+            ahead = {b for out in self.pending for b in _written_by(out, _ids(out))}
             cached = self.kv.pool.cached.items()
-            self.worker.check_cache((block.block_id, h) for h, block in cached)
+            self.worker.check_cache(
+                (b.block_id, h) for h, b in cached if (b.block_id, h) not in ahead
+            )
 
     def step(self, **inject: object) -> SchedulerOutput:
         out = self.plan()

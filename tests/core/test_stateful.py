@@ -81,11 +81,15 @@ def scheduled_ids(out: SchedulerOutput) -> list[str]:
 
 class LedgerMachine(RuleBasedStateMachine):
     kv = True
+    # Async scheduling: the next plan is made while the worker runs the previous one, so two
+    # plans are in flight and each step applies the older one's result.
+    ahead = False
 
     def __init__(self) -> None:
         super().__init__()
         self.h: Harness | None = None
         self.added: list[Request] = []
+        self.errors_injected: set[str] = set()  # requests the test made the worker fail
         self.steps = 0
         self.cached_at_last_check: dict[int, int] = {}  # block id -> generation
         self.shadow_lookups: list[CacheLookup] = []
@@ -122,7 +126,8 @@ class LedgerMachine(RuleBasedStateMachine):
             enable_chunked_prefill=chunked,
             policy=policy,
         )
-        self.h = Harness(Scheduler(cfg), FakeWorker(block_size, kv=self.kv, next_token=next_token))
+        worker = FakeWorker(block_size, kv=self.kv, next_token=next_token, late=self.ahead)
+        self.h = Harness(Scheduler(cfg), worker)
 
     @rule(arrival=ARRIVALS)
     def add(self, arrival: Arrival) -> None:
@@ -147,8 +152,13 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule()
     def step(self) -> None:
         self._plan()
-        self.h.finish_step()
+        if self._result_due():
+            self.h.finish_step()
         self.steps += 1
+
+    def _result_due(self) -> bool:
+        """Lockstep: the plan just made. Ahead: the oldest, once a second one is out."""
+        return not self.ahead or len(self.h.pending) >= 2 or self.h.last.is_empty
 
     @rule(data=st.data())
     def step_with_faults(self, data: st.DataObject) -> None:
@@ -190,10 +200,14 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _finish_with_faults(self, data: st.DataObject, out: SchedulerOutput) -> None:
         h = self.h
+        if not self._result_due():
+            return
+        out = h.pending[0] if h.pending else out
         scheduled = scheduled_ids(out)
         errored = {}
         if scheduled and data.draw(st.booleans(), "error one"):
             errored[data.draw(st.sampled_from(scheduled), "errored")] = "boom"
+            self.errors_injected |= set(errored)
         drop = self._draw_drop(data) if self.kv else []
         h.finish_step(errored=errored, drop_blocks=drop)
         self.steps += 1
@@ -231,6 +245,7 @@ class LedgerMachine(RuleBasedStateMachine):
         drained = self.h.sched.drain()
         assert [r.arrival_index for r in drained] == sorted(r.arrival_index for r in drained)
         self.h.worker.restart()
+        self.h.pending.clear()  # a lost worker's plans in flight are gone with it
         for r in drained:
             assert r.status is RequestStatus.WAITING and r.num_computed_tokens == 0
             self.h.add(r)
@@ -327,7 +342,7 @@ class LedgerMachine(RuleBasedStateMachine):
         if self.h is None:
             return
         h = self.h
-        if h.in_flight:  # a rule stopped between plan and result (hypothesis ran out of data)
+        while h.in_flight:  # rules stopped between plan and result (or planned ahead)
             h.finish_step()
         h.run_to_idle(max_steps=2000)
         snap = h.sched.snapshot()
@@ -340,6 +355,8 @@ class LedgerMachine(RuleBasedStateMachine):
             if r.finish_reason.value != "abort":
                 assert end is not None and end.finish_reason == r.finish_reason
             assert r.num_output_tokens <= max(r.max_tokens, 0)
+            if r.finish_reason.value == "error":  # e.g. "the worker returned no token"
+                assert r.request_id in self.errors_injected, (r.request_id, r.finish_message)
             if r.finish_reason.value in ("stop", "length") and not r.is_embedding:
                 # recomputation after preemption, faults and drains never changes the output
                 expected = list(r.prompt_token_ids)
@@ -370,6 +387,20 @@ class LedgerWithoutKV(LedgerMachine):
     kv = False
 
 
+class LedgerAheadWithKV(LedgerMachine):
+    kv = True
+    ahead = True
+
+
+class LedgerAheadWithoutKV(LedgerMachine):
+    kv = False
+    ahead = True
+
+
+TestLedgerAheadWithKV = LedgerAheadWithKV.TestCase
+TestLedgerAheadWithKV.settings = settings(SETTINGS, max_examples=250)
+TestLedgerAheadWithoutKV = LedgerAheadWithoutKV.TestCase
+TestLedgerAheadWithoutKV.settings = settings(SETTINGS, max_examples=80)
 TestLedgerWithKV = LedgerWithKV.TestCase
 TestLedgerWithKV.settings = SETTINGS
 TestLedgerWithoutKV = LedgerWithoutKV.TestCase
