@@ -136,6 +136,14 @@ FLAGS: tuple[Flag, ...] = (
         default=300.0,
     ),
     _f(
+        "--async-scheduling",
+        [SCHEDULER],
+        "plan each worker's next step while it computes the current one (two plans in "
+        "flight), so it never waits for the scheduler between steps",
+        kind="bool",
+        default=True,
+    ),
+    _f(
         "--allow-unauthenticated-workers",
         [SCHEDULER],
         "accept workers without --worker-auth-token: any process that reaches the gRPC port "

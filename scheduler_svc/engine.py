@@ -68,6 +68,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     max_waiting_requests: int = 4096
     worker_step_timeout: float = 300.0  # seconds a plan may stay unanswered; 0 = no limit
+    async_scheduling: bool = True  # plan step N+1 while the worker computes step N
     debug_invariants: bool = False
 
     @classmethod
@@ -158,7 +159,9 @@ class Engine:
             ) from err
         self._check_consistent(registration)
         self._loop = asyncio.get_running_loop()
-        link = WorkerLink(registration, cfg, self._on_update)
+        link = WorkerLink(
+            registration, cfg, self._on_update, plan_ahead=self.config.async_scheduling
+        )
         self.links[link.worker_id] = link
         self.known_models.add(link.model)
         # exported at 0 from the start, so a dashboard or an alert sees the series before it moves

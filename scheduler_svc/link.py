@@ -32,6 +32,7 @@ class WorkerLink:
         registration: worker_pb2.Registration,
         config: SchedulerConfig,
         on_update: Callable[[LiveRequest, Delivery], None],
+        plan_ahead: bool = False,
     ) -> None:
         self.registration = registration
         self.worker_id = registration.worker_id
@@ -42,12 +43,25 @@ class WorkerLink:
         self.alive = True
         self._on_update = on_update
         self._wake = asyncio.Event()
-        self._in_flight: SchedulerOutput | None = None
-        self.plan_sent_at: float | None = None  # monotonic time the unanswered plan left
+        # Async scheduling (--async-scheduling): a second plan goes out while the worker runs
+        # the first, so the worker never waits for the scheduler between steps.
+        self.plan_ahead_enabled = plan_ahead
+        self._in_flight: list[SchedulerOutput] = []  # unanswered plans, oldest first
+        self._sent_at: list[float] = []  # monotonic time each of them left
         self.steps = 0
 
+    @property
+    def plan_sent_at(self) -> float | None:
+        """When the oldest unanswered plan left (None when none is out): the step deadline
+        and the overdue check time the plan the worker is computing now."""
+        return self._sent_at[0] if self._sent_at else None
+
+    @property
+    def has_in_flight(self) -> bool:
+        return bool(self._in_flight)
+
     def plan_outstanding_for(self, now: float | None = None) -> float:
-        """Seconds the current plan has waited for its result (0 when none is out)."""
+        """Seconds the oldest plan has waited for its result (0 when none is out)."""
         if self.plan_sent_at is None:
             return 0.0
         return max((time.monotonic() if now is None else now) - self.plan_sent_at, 0.0)
@@ -74,26 +88,40 @@ class WorkerLink:
         """
         self.alive = False
         self._wake.set()
-        self._in_flight = None
-        self.plan_sent_at = None
+        self._in_flight.clear()
+        self._sent_at.clear()
         self.scheduler.drain("worker_lost")
         live = sorted(self.live.values(), key=lambda lv: lv.core.arrival_index)
         self.live.clear()
         return live
 
     async def next_plan(self) -> worker_pb2.Plan:
+        """The next plan, waiting for work when there is none."""
         while True:
             if not self.alive:
                 raise LinkClosed(self.worker_id)
             self._wake.clear()
-            out = self.scheduler.schedule()
-            self._dispatch(out.finished)
-            if not out.is_empty:
-                self._in_flight = out
-                self.plan_sent_at = time.monotonic()
-                self._note_scheduled(out)
-                return plan_from_output(out, self.live.__getitem__)
+            plan = self._plan()
+            if plan is not None:
+                return plan
             await self._wake.wait()
+
+    def plan_ahead(self) -> worker_pb2.Plan | None:
+        """With async scheduling on and one plan out, the next one, planned now on the tokens
+        the worker is sampling (the core plans only what the worker certainly computes)."""
+        if not (self.plan_ahead_enabled and self.alive and len(self._in_flight) == 1):
+            return None
+        return self._plan()
+
+    def _plan(self) -> worker_pb2.Plan | None:
+        out = self.scheduler.schedule()
+        self._dispatch(out.finished)
+        if out.is_empty:
+            return None
+        self._in_flight.append(out)
+        self._sent_at.append(time.monotonic())
+        self._note_scheduled(out)
+        return plan_from_output(out, self.live.__getitem__)
 
     def apply_result(self, result: worker_pb2.StepResult) -> None:
         if not self.alive:
@@ -101,9 +129,9 @@ class WorkerLink:
             # ledger is drained and its requests live elsewhere now. Never apply it.
             log.warning("worker %s: result after the link was dropped, ignored", self.worker_id)
             return
-        out = self._in_flight or EMPTY_OUTPUT
-        self._in_flight = None
-        self.plan_sent_at = None
+        out = self._in_flight.pop(0) if self._in_flight else EMPTY_OUTPUT
+        if self._sent_at:
+            self._sent_at.pop(0)
         for emb in result.embeddings:
             live = self.live.get(emb.request_id)
             if live is not None:

@@ -168,7 +168,11 @@ class WorkerLinkServicer(worker_pb2_grpc.WorkerLinkServicer):
                         grpc.StatusCode.FAILED_PRECONDITION, "expected a step result"
                     )
                 link.apply_result(message.result)
-                yield await link.next_plan()
+                if not link.has_in_flight:
+                    yield await link.next_plan()
+                ahead = link.plan_ahead()
+                if ahead is not None:
+                    yield ahead
         except LinkClosed:
             return
         finally:

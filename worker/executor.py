@@ -62,6 +62,7 @@ class StepState:
     # request -> requests whose same-step writes it reads
     reads_from: dict[str, set[str]] = field(default_factory=dict)
     failed: set[str] = field(default_factory=set)  # errored or refused: writes not recorded
+    void: set[str] = field(default_factory=set)  # continuations skipped: failed in an earlier plan
     no_kv: set[str] = field(default_factory=set)  # ran, but wrote no KV (embedding passes)
 
 
@@ -75,6 +76,10 @@ class Executor:
         )
         self.embedding_size: int = getattr(runner, "embedding_size", 0)
         self.seqs: dict[str, SeqState] = {}
+        # Requests this worker failed or refused. Under async scheduling the next plan, made
+        # before the scheduler heard of it, may still continue them: those continuations are
+        # void and skipped, until a plan drops the request.
+        self.voided: set[str] = set()
         # block id -> hash of the content this worker wrote there, as the scheduler declared it
         self.provenance: dict[int, bytes] = {}
         self.counters = StepCounters()
@@ -82,6 +87,7 @@ class Executor:
     def reset(self) -> None:
         """After a reconnect: the scheduler starts from an empty cache (all_cleared)."""
         self.seqs.clear()
+        self.voided.clear()
         self.provenance.clear()
 
     def step(self, plan: worker_pb2.Plan) -> worker_pb2.StepResult:
@@ -98,13 +104,17 @@ class Executor:
     def _step(self, plan: worker_pb2.Plan, result: worker_pb2.StepResult) -> None:
         for request_id in plan.dropped_request_ids:
             self.seqs.pop(request_id, None)
-        state = StepState(pending=_pending_writes(plan))
+            self.voided.discard(request_id)
+        state = StepState(pending=_pending_writes(plan, self.voided))
         scheduled: list[tuple[SeqState, int]] = []
         for new in plan.new_requests:
             seq = self._admit(new, state, result)
             if seq is not None:
                 scheduled.append((seq, new.num_scheduled_tokens))
         for cont in plan.continuing:
+            if cont.request_id in self.voided:
+                state.void.add(cont.request_id)
+                continue
             seq = self._continue(cont)
             scheduled.append((seq, cont.num_scheduled_tokens))
         self._run(scheduled, state, result)
@@ -138,6 +148,7 @@ class Executor:
         stale = set(result.stale_request_ids)
         for item in items:
             self.seqs.pop(item.request_id, None)
+            self.voided.add(item.request_id)
             if item.request_id not in stale:
                 result.errors.add(request_id=item.request_id, message=message)
         return result
@@ -192,6 +203,7 @@ class Executor:
         self.counters.stale_block_hits += len(block_ids)
         self.counters.blocks_removed += len(block_ids)
         state.failed.add(request_id)
+        self.voided.add(request_id)
         self.seqs.pop(request_id, None)
 
     def _continue(self, cont: worker_pb2.ContinueRequest) -> SeqState:
@@ -338,6 +350,7 @@ class Executor:
         log.warning("request %s failed: %s", request_id, message)
         result.errors.add(request_id=request_id, message=message)
         state.failed.add(request_id)
+        self.voided.add(request_id)
         self.seqs.pop(request_id, None)
 
     def _record(
@@ -346,6 +359,8 @@ class Executor:
         """Provenance of the blocks really written; declared blocks that were not are dropped."""
         written: list[worker_pb2.BlockHash] = []
         for item in (*plan.new_requests, *plan.continuing):
+            if item.request_id in state.void:
+                continue  # never ran: the scheduler forgets what it declared there itself
             if item.request_id in state.no_kv:
                 # The scheduler believes these hold KV an embedding pass never wrote.
                 result.removed_block_ids.extend(w.block_id for w in item.written)
@@ -359,13 +374,15 @@ class Executor:
         self.counters.blocks_stored += len(written)
 
 
-def _pending_writes(plan: worker_pb2.Plan) -> dict[int, tuple[bytes, str]]:
+def _pending_writes(plan: worker_pb2.Plan, voided: set[str]) -> dict[int, tuple[bytes, str]]:
+    """Blocks this plan declares written, by request; a void continuation writes nothing."""
     pending: dict[int, tuple[bytes, str]] = {}
     for new in plan.new_requests:
         if not new.HasField("embed"):
             pending.update((w.block_id, (w.hash, new.request_id)) for w in new.written)
     for cont in plan.continuing:
-        pending.update((w.block_id, (w.hash, cont.request_id)) for w in cont.written)
+        if cont.request_id not in voided:
+            pending.update((w.block_id, (w.hash, cont.request_id)) for w in cont.written)
     return pending
 
 

@@ -380,3 +380,51 @@ def test_a_failed_step_keeps_its_refusals_stale():
     assert list(result.removed_block_ids) == [2]
     assert [e.request_id for e in result.errors] == ["ok"]
     assert ex.seqs == {} and ex.provenance == {}
+
+
+def _cont(rid: str, computed: int, written=()) -> worker_pb2.ContinueRequest:  # noqa: ANN001
+    return worker_pb2.ContinueRequest(
+        request_id=rid,
+        num_computed_tokens=computed,
+        num_scheduled_tokens=1,
+        written=list(written),
+    )
+
+
+def test_async_scheduling_a_refused_requests_planned_ahead_step_is_void():
+    """The plan after a refusal was made before the scheduler heard of it: the worker skips
+    that request's continuation (no error, no token, no provenance recorded for what it
+    declares), runs the rest, and forgets the void once a plan drops the request."""
+    runner = RecordingRunner()
+    ex = Executor(runner)
+    ex.step(worker_pb2.Plan(new_requests=[new_request("a", list(range(4)), [1], 0, 4)]))
+    refused = ex.step(
+        worker_pb2.Plan(
+            new_requests=[new_request("b", list(range(8)), [5, 6], 4, 4, claimed=[bh(5, b"never")])]
+        )
+    )
+    assert list(refused.stale_request_ids) == ["b"]
+    ahead = ex.step(
+        worker_pb2.Plan(continuing=[_cont("b", 8, written=[bh(6, b"h6")]), _cont("a", 4)])
+    )
+    assert list(ahead.errors) == [] and [s.request_id for s in ahead.sampled] == ["a"]
+    assert 6 not in ex.provenance and list(ahead.stored) == []
+    ex.step(worker_pb2.Plan(dropped_request_ids=["b"]))
+    assert "b" not in ex.voided
+
+
+def test_async_scheduling_an_errored_requests_planned_ahead_step_is_void():
+    ex = Executor(RecordingRunner())
+    bad = new_request("x", [0, 99999], [1], 0, 2)  # outside the vocabulary: fails alone
+    ex.limits = BatchLimits(block_size=16, num_blocks=8, vocab_size=1000, max_model_len=64)
+    first = ex.step(worker_pb2.Plan(new_requests=[bad]))
+    assert [e.request_id for e in first.errors] == ["x"]
+    ahead = ex.step(worker_pb2.Plan(continuing=[_cont("x", 2)]))
+    assert list(ahead.errors) == [] and list(ahead.sampled) == []
+
+
+def test_a_continuation_of_a_request_the_worker_never_held_still_fails_the_step():
+    """Only requests the worker failed or refused are void: anything else is a bug, loudly."""
+    ex = Executor(RecordingRunner())
+    result = ex.step(worker_pb2.Plan(continuing=[_cont("ghost", 3)]))
+    assert [e.request_id for e in result.errors] == ["ghost"]
