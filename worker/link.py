@@ -94,13 +94,18 @@ class WorkerLinkClient:
             if self.stopping.is_set():
                 self._call.cancel()
             try:
+                finished_at: float | None = None
                 for plan in self._call:
+                    if finished_at is not None and self.executor.seqs:
+                        # requests are live: the worker was waiting for this plan, not for work
+                        self.metrics.waited(time.perf_counter() - finished_at)
                     stale_before = self.executor.counters.stale_block_hits
                     result = self.executor.step(plan)  # a failing step errors its requests only
                     self.metrics.observe(
                         result, self.executor.counters.stale_block_hits - stale_before
                     )
                     outbox.put(worker_pb2.WorkerMessage(result=result))
+                    finished_at = time.perf_counter()
             finally:
                 self._call = None
                 outbox.put(None)

@@ -48,9 +48,20 @@ class WorkerMetrics:
             labels,
             registry=self.registry,
         )
+        self.waiting = Counter(
+            "kvledger_worker_waiting_seconds_total",
+            "Time between finishing a step and receiving the next plan while a plan was "
+            "expected (the worker idle on the scheduler round trip; async scheduling hides it)",
+            labels,
+            registry=self.registry,
+        )
+        self.waiting.labels(*self._lv)
         for kind in ("stored", "removed", "all_cleared"):
             self.kv_events.labels(*self._lv, kind)
         self.stale_hits.labels(*self._lv)
+
+    def waited(self, seconds: float) -> None:
+        self.waiting.labels(*self._lv).inc(seconds)
 
     def observe(self, result: worker_pb2.StepResult, stale_block_hits: int) -> None:
         self.step_seconds.labels(*self._lv).observe(result.step_seconds)
