@@ -126,7 +126,11 @@ async def drive(
 ) -> Summary:
     """Runs the workload once (after one warm-up request) and summarizes it."""
     prompts = wl.prompts()
-    limits = httpx.Limits(max_connections=(concurrency or len(prompts)) + 4)
+    # A fresh connection per request: llama.cpp's HTTP server closes a kept-alive connection
+    # after a few requests, and a POST on a closed one fails. Loopback connects cost ~0.1 ms.
+    limits = httpx.Limits(
+        max_connections=(concurrency or len(prompts)) + 4, max_keepalive_connections=0
+    )
     async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
         await one(client, url, model, prompts[-1], Workload(max_tokens=4))
         gate = asyncio.Semaphore(concurrency or len(prompts))

@@ -93,8 +93,9 @@ def run_llama_cpp(binary: str, gguf: Path, runs, threads: int, wl: Workload) -> 
     port = free_port()
     ctx = 16 * (wl.prefix_len + wl.suffix_len + wl.max_tokens + 16)
     argv = [binary, "-m", str(gguf), "-np", "16", "-c", str(ctx), "-t", str(threads)]
-    argv += ["--cont-batching", "--host", "127.0.0.1", "--port", str(port)]
-    with tempfile.TemporaryFile() as log:
+    # one HTTP thread per streaming client (its default pool, sized by the cores, closes the rest)
+    argv += ["--cont-batching", "--threads-http", "32", "--host", "127.0.0.1", "--port", str(port)]
+    with tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         try:
             url = f"http://127.0.0.1:{port}"
@@ -104,6 +105,9 @@ def run_llama_cpp(binary: str, gguf: Path, runs, threads: int, wl: Workload) -> 
             }
             agree = _llama_cpp_greedy(url, wl)
             memory = {"llama-server": peak_rss_mib(proc.pid)}
+        except Exception:
+            print(Path(log.name).read_text(errors="replace")[-3000:], file=sys.stderr)
+            raise
         finally:
             proc.terminate()
             proc.wait(30)
