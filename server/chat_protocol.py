@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from server.protocol import INT32_MAX, SamplingRequest, text_fields
 from server.responses import Usage
@@ -105,8 +111,15 @@ class ChatCompletionResponse(BaseModel):
 
 
 class Delta(BaseModel):
+    """What a chunk adds to a choice's message; fields it does not carry are left out (the
+    last chunk's delta is `{}`), as OpenAI sends them."""
+
     role: Literal["assistant"] | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChatChunkChoice(BaseModel):
