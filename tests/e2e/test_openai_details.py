@@ -152,7 +152,7 @@ def test_add_special_tokens(client, http):
     ],
 )
 def test_stream_options_without_stream_is_400(http, path, body):
-    payload = {"model": MODEL, "stream_options": {"include_usage": True}, **body}
+    payload = {"model": MODEL, "stream_options": {"include_usage": True}, "max_tokens": 2, **body}
     reply = http.post(path, json=payload)
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"] == "stream_options"
