@@ -185,9 +185,10 @@ def _assert_openai_error(body: object, case, status: int, where: str) -> None:  
     assert isinstance(error["type"], str) and error["type"], f"{where}: {body!r}"
     param = error["param"]
     assert param is None or isinstance(param, str), f"{where}: {body!r}"
-    if param is not None:  # names a field of the request body (or an item of one)
-        field = param.split(".")[0]
-        assert field in _body_fields(case), f"{where}: param {param!r} is no field: {body!r}"
+    if param is not None:  # names a field of the request body (or an item of one), or a path
+        field = param.split(".")[0]  # parameter (`model` of /v1/models/{model})
+        names = _body_fields(case) | set(case.path_parameters or {})
+        assert field in names, f"{where}: param {param!r} is no field: {body!r}"
     assert error["code"] is None or isinstance(error["code"], str), f"{where}: {body!r}"
     if 400 <= status < 500:
         assert error["type"] != "server_error", f"{where}: a client error typed as the server's"
