@@ -223,19 +223,3 @@ def test_finite_rows_whose_sum_overflows_still_sample() -> None:
     out = Sampler(0)(huge, [chunk(), chunk()])
     assert out[0].error is not None
     assert out[1].error is None and out[1].token_id == 0
-
-
-def test_logit_bias_moves_the_pick_per_request_and_leaves_logprobs_raw() -> None:
-    sampler = Sampler(0)
-    rows = LOGITS.repeat(4, 1)
-    chunks = [
-        chunk(),  # no bias: the argmax, 5
-        chunk(logit_bias={5: -100.0}),  # the argmax banned: the next best, 0
-        chunk(logit_bias={4: 100.0}, logprobs=0),  # forced, while its logprob stays the model's
-        chunk(logit_bias={4: 5.0, 10_000: 100.0}, temperature=1e-4, seed=1),  # off-vocab: skipped
-    ]
-    samples = sampler(rows, chunks)
-    assert tokens(samples) == [5, 0, 4, 4]
-    raw = torch.log_softmax(LOGITS, dim=-1)[4].item()
-    assert samples[2].logprobs is not None
-    assert samples[2].logprobs.logprob == pytest.approx(raw)
