@@ -421,6 +421,8 @@ FIELDS = [
     "priority",
     "stream_options",
     "skip_special_tokens",
+    "logit_bias",
+    "add_special_tokens",
 ]
 
 
@@ -437,6 +439,48 @@ FIELDS = [
 )
 def test_fuzz_completions_never_5xx(http, body):
     reply = http.post("/v1/completions", content=json.dumps(body))
+    assert reply.status_code < 500, (body, reply.text)
+
+
+PARTS = st.lists(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "image_url"]) | JSON_VALUES},
+        optional={"text": st.text(max_size=20) | JSON_VALUES},
+    ),
+    max_size=3,
+)
+MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant", "tool"]) | JSON_VALUES},
+        optional={"content": st.text(max_size=30) | PARTS | JSON_VALUES},
+    ),
+    max_size=4,
+)
+CHAT_FIELDS = [
+    *FIELDS,
+    "max_completion_tokens",
+    "top_logprobs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
+    "response_format",
+    "tools",
+]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    st.fixed_dictionaries(
+        {
+            "model": st.just(MODEL),
+            "max_tokens": st.integers(-2, 4),
+            "messages": MESSAGES | JSON_VALUES,
+        },
+        optional={name: JSON_VALUES for name in CHAT_FIELDS},
+    )
+)
+def test_fuzz_chat_never_5xx(http, body):
+    reply = http.post("/v1/chat/completions", content=json.dumps(body))
     assert reply.status_code < 500, (body, reply.text)
 
 
