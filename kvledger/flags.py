@@ -92,6 +92,12 @@ FLAGS: tuple[Flag, ...] = (
         type=int,
         default=256,
     ),
+    _f(
+        "--chat-template",
+        [FRONTEND],
+        "chat template for /v1/chat/completions (a file path or the template text), used "
+        "instead of each model's own",
+    ),
     # scheduler
     _f(
         "--grpc-host", [SCHEDULER], "address the scheduler's gRPC server binds", default="127.0.0.1"

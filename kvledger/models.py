@@ -18,7 +18,7 @@ TINY_LLAMA = "tiny-llama"
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 
 # Bump whenever the recipe changes, so an old directory is never reused.
-TINY_LLAMA_VERSION = 1
+TINY_LLAMA_VERSION = 2  # 2: ships a chat template
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,18 @@ TOKENIZER_FILES = (
 BOS_TOKEN = "[CLS]"
 EOS_TOKEN = "[SEP]"
 PAD_TOKEN = "[PAD]"
+# A small chat template in the usual shape: the BOS, each message as "role: content" ended by
+# the EOS (so a model trained on it stops after its turn), and the assistant's cue.
+TINY_LLAMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('roles are system, user and assistant') }}"
+    "{% endif %}"
+    "{{ message['role'] + ': ' + message['content'] | trim }}{{ eos_token }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
+)
 
 
 def cache_dir() -> Path:
@@ -196,7 +208,12 @@ def _write_tokenizer(out: Path, max_len: int) -> None:
     }
     tok_config = json.loads((src / "tokenizer_config.json").read_text())
     # The fast tokenizer class uses tokenizer.json as written, post-processor included.
-    tok_config.update(specials, tokenizer_class="PreTrainedTokenizerFast", model_max_length=max_len)
+    tok_config.update(
+        specials,
+        tokenizer_class="PreTrainedTokenizerFast",
+        model_max_length=max_len,
+        chat_template=TINY_LLAMA_CHAT_TEMPLATE,
+    )
     for key in ("cls_token", "sep_token", "mask_token", "name_or_path"):
         tok_config.pop(key, None)
     _write_json(out / "tokenizer_config.json", tok_config)

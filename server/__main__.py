@@ -12,8 +12,9 @@ import uvicorn
 
 from kvledger.flags import FRONTEND, parse
 from kvledger.log import setup_logging
-from server.app import Settings, build_app
+from server.app import build_app
 from server.limits import Limits
+from server.settings import Settings
 
 
 def read_api_keys(args: argparse.Namespace) -> list[str]:
@@ -32,6 +33,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         require_models=args.require_model,
         metrics_public=args.metrics_public,
         limits=limits,
+        chat_template=args.chat_template,
     )
 
 

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 
 from kvledger.rpc import CHANNEL_OPTIONS
 from protos import frontend_pb2, frontend_pb2_grpc
+from server.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from server.errors import APIError
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ TOKENIZER_RETRY_SECONDS = 10.0
 class ServedModel:
     info: frontend_pb2.ModelInfo
     tokenizer: Tokenizer
+    chat_template: ChatTemplate | None = None
 
     @property
     def name(self) -> str:
@@ -39,8 +41,15 @@ class ServedModel:
 
 
 class SchedulerClient:
-    def __init__(self, target: str, required_models: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        target: str,
+        required_models: tuple[str, ...] = (),
+        chat_template: str | None = None,
+    ) -> None:
         self.required_models = required_models
+        self.chat_template_override = chat_template
+        self._templates: dict[str, ChatTemplate | None] = {}
         self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self.stub = frontend_pb2_grpc.SchedulerStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
@@ -74,7 +83,8 @@ class SchedulerClient:
                 models, unloadable = {}, {}
                 for m in reply.models:
                     try:
-                        models[m.name] = ServedModel(m, self._tokenizer(m.name, m.model_path))
+                        tokenizer = self._tokenizer(m.name, m.model_path)
+                        models[m.name] = ServedModel(m, tokenizer, self._template(m))
                     except TokenizerUnavailable as err:
                         unloadable[m.name] = str(err)
                 self._models, self.unloadable = models, unloadable
@@ -101,6 +111,20 @@ class SchedulerClient:
                 404, f"The model `{name}` does not exist.", param="model", code="model_not_found"
             )
         return models[name]
+
+    def _template(self, info: frontend_pb2.ModelInfo) -> ChatTemplate | None:
+        """The model's chat template (--chat-template first), read once per directory; an
+        embedding model has none."""
+        if info.kind == frontend_pb2.MODEL_KIND_EMBED:
+            return None
+        if info.model_path not in self._templates:
+            try:
+                template = load_chat_template(info.model_path, self.chat_template_override)
+            except (OSError, ChatTemplateError) as err:
+                log.error("model %s: cannot read its chat template: %s", info.name, err)
+                template = None
+            self._templates[info.model_path] = template
+        return self._templates[info.model_path]
 
     def _tokenizer(self, name: str, model_path: str) -> Tokenizer:
         """The tokenizer in the model's directory (loaded once); TokenizerUnavailable when it

@@ -8,7 +8,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import APIError
-from server.protocol import CompletionRequest
+from server.protocol import SamplingRequest
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,9 @@ class Limits:
     max_embedding_inputs: int = 256
 
 
-def check_completion(body: CompletionRequest, limits: Limits, num_prompts: int) -> None:
+def check_sampling_limits(body: SamplingRequest, limits: Limits, num_prompts: int) -> None:
+    """n, prompts x n and stop strings within this server's limits (`prompt` for completions'
+    list of prompts; chat has one)."""
     if num_prompts > limits.max_prompts_per_request:
         raise APIError(
             400, f"at most {limits.max_prompts_per_request} prompts per request", param="prompt"

@@ -1,4 +1,6 @@
-"""OpenAI request bodies. Unknown fields are accepted and ignored, as OpenAI's clients expect."""
+"""OpenAI request bodies. Unknown fields are accepted and ignored, as OpenAI's clients expect.
+
+`SamplingRequest` holds what completions and chat share; each endpoint adds its own fields."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 INT32_MAX = 2**31 - 1
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
+LOGIT_BIAS_LIMIT = 100.0
 
 
 def _unicode_text(value: object) -> object:
@@ -24,9 +27,15 @@ def _unicode_text(value: object) -> object:
     return value
 
 
-def _text_fields(*names: str) -> Any:
+def text_fields(*names: str) -> Any:
     """A validator for a model's fields that carry text the server reads."""
     return field_validator(*names)(_unicode_text)
+
+
+def _finite(value: float | None) -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
 
 
 class StreamOptions(BaseModel):
@@ -34,23 +43,24 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class CompletionRequest(BaseModel):
+class SamplingRequest(BaseModel):
+    """The fields every generating endpoint takes, with OpenAI's defaults and vLLM's extras."""
+
     model_config = ConfigDict(extra="allow")
 
     model: str
-    prompt: Prompt
-    max_tokens: int | None = Field(16, ge=0, le=INT32_MAX)  # 0: with echo, the prompt alone
     temperature: float | None = Field(1.0, ge=0.0, le=2.0)
     top_p: float | None = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=INT32_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = False
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, lt=2**63)
     presence_penalty: float | None = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(
+        None, description="token id (as a string) -> bias from -100 to 100, added to its logit"
+    )
     user: str | None = None
     # widely used extras
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
@@ -63,27 +73,45 @@ class CompletionRequest(BaseModel):
     cache_salt: str | None = None
     priority: int = Field(0, ge=-INT32_MAX, le=INT32_MAX)
 
-    @field_validator(
+    _check_finite = field_validator(
         "temperature",
         "top_p",
         "presence_penalty",
         "frequency_penalty",
         "min_p",
         "repetition_penalty",
-    )
-    @classmethod
-    def _finite(cls, value: float | None) -> float | None:
-        if value is not None and not math.isfinite(value):
-            raise ValueError("must be a finite number")
-        return value
+    )(_finite)
+    _check_text = text_fields("model", "stop", "cache_salt")
 
-    _check_text = _text_fields("model", "prompt", "stop", "cache_salt")
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isascii() or not key.isdigit() or int(key) > INT32_MAX:
+                raise ValueError(f"keys must be token ids (as strings), not {key!r}")
+            if not math.isfinite(bias) or abs(bias) > LOGIT_BIAS_LIMIT:
+                raise ValueError(f"values must be from -100 to 100, not {bias}")
+        return value
 
     @property
     def stop_strings(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: Prompt
+    max_tokens: int | None = Field(16, ge=0, le=INT32_MAX)  # 0: with echo, the prompt alone
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    add_special_tokens: bool = True
+
+    _check_prompt = text_fields("prompt")
 
 
 class EmbeddingRequest(BaseModel):
@@ -95,16 +123,7 @@ class EmbeddingRequest(BaseModel):
     dimensions: int | None = Field(None, ge=1, le=INT32_MAX)
     user: str | None = None
 
-    _check_text = _text_fields("model", "input")
-
-
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str
-    prompt: str
-    add_special_tokens: bool = True
-
-    _check_text = _text_fields("model", "prompt")
+    _check_text = text_fields("model", "input")
 
 
 class DetokenizeRequest(BaseModel):
@@ -112,95 +131,4 @@ class DetokenizeRequest(BaseModel):
     model: str
     tokens: list[TokenId]
 
-    _check_text = _text_fields("model")
-
-
-# Response bodies. They document the OpenAPI schema only: the routes build plain dicts, so
-# nothing here filters or coerces what a client receives.
-
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str]
-    token_logprobs: list[float | None]
-    top_logprobs: list[dict[str, float] | None]
-    text_offset: list[int]
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None
-    finish_reason: Literal["stop", "length"] | None
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int
-
-
-class CompletionUsage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"]
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: CompletionUsage
-
-
-class CompletionStreamEvent(BaseModel):
-    """One server-sent event of a streamed completion. Its data is a JSON chunk shaped like a
-    completion (with `usage` only when `stream_options.include_usage`), an error object in
-    OpenAI's shape, or the final `[DONE]`."""
-
-    data: str
-
-
-class Embedding(BaseModel):
-    object: Literal["embedding"]
-    index: int
-    embedding: list[float] | str = Field(description="floats, or base64 of little-endian float32")
-
-
-class EmbeddingUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class EmbeddingResponse(BaseModel):
-    object: Literal["list"]
-    data: list[Embedding]
-    model: str
-    usage: EmbeddingUsage
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"]
-    created: int
-    owned_by: str
-    max_model_len: int
-
-
-class ModelList(BaseModel):
-    object: Literal["list"]
-    data: list[ModelCard]
-
-
-class TokenizeResponse(BaseModel):
-    tokens: list[int]
-    count: int
-    max_model_len: int
-
-
-class DetokenizeResponse(BaseModel):
-    prompt: str
-
-
-class VersionResponse(BaseModel):
-    version: str
+    _check_text = text_fields("model")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +38,8 @@ class SeqChunk:
     # per step.
     all_token_ids: Sequence[int] = ()
     num_prompt_tokens: int = 0
+    # OpenAI's logit_bias: token id -> bias added to its logit before sampling (None = none).
+    logit_bias: Mapping[int, float] | None = None
 
     @property
     def end_pos(self) -> int:

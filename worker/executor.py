@@ -273,6 +273,7 @@ class Executor:
             prompt_logprobs=sp.prompt_logprobs if sp.HasField("prompt_logprobs") else -1,
             all_token_ids=seq.token_ids,
             num_prompt_tokens=seq.num_prompt_tokens,
+            logit_bias=dict(sp.logit_bias) or None,
         )
         error = check_chunk(chunk, self.limits) if self.limits is not None else None
         return (None, error) if error else (chunk, None)

@@ -61,6 +61,24 @@ def apply_penalties(logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tenso
     return out
 
 
+def apply_logit_bias(logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tensor:
+    """OpenAI's logit_bias: each listed token's logit plus its bias, after the penalties (so
+    a bias of -100 bans a token, +100 all but forces it). Ids past the vocabulary are skipped
+    (the frontend refuses them; a worker never indexes out of range)."""
+    rows = [i for i, c in enumerate(chunks) if c.logit_bias]
+    if not rows:
+        return logits
+    out = logits.clone()
+    vocab = logits.shape[1]
+    for i in rows:
+        bias = {t: b for t, b in chunks[i].logit_bias.items() if 0 <= t < vocab}  # type: ignore[union-attr]
+        if bias:
+            ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
+            values = torch.tensor(list(bias.values()), dtype=out.dtype, device=logits.device)
+            out[i].index_add_(0, ids, values)
+    return out
+
+
 def _padded(seqs: list[Sequence[int]], pad: int, device: torch.device) -> torch.Tensor:
     width = max((len(s) for s in seqs), default=0)
     return torch.tensor(

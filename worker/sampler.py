@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from worker.batch import SeqChunk
-from worker.penalties import apply_penalties
+from worker.penalties import apply_logit_bias, apply_penalties
 
 
 @dataclass
@@ -138,7 +138,7 @@ class Sampler:
             logits = logits.masked_fill(~finite.unsqueeze(1), 0.0)  # keep the rest well-defined
         want = [i for i, c in enumerate(chunks) if c.logprobs >= 0 and i not in failed]
         raw = torch.log_softmax(logits[want], dim=-1) if want else None
-        logits = apply_penalties(logits, chunks)
+        logits = apply_logit_bias(apply_penalties(logits, chunks), chunks)
         tokens = self._draw(logits, chunks).tolist()
         samples = [Sample(token) for token in tokens]
         if raw is not None:

@@ -72,6 +72,12 @@ GUARDED = [
     ("GET", "/v1/models", None),
     ("GET", "/metrics", None),
     ("POST", "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1}),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1},
+    ),
+    ("GET", f"/v1/models/{MODEL}", None),
     ("POST", "/v1/embeddings", {"model": MODEL, "input": "x"}),
     ("POST", "/tokenize", {"model": MODEL, "prompt": "x"}),
     ("POST", "/detokenize", {"model": MODEL, "tokens": [101]}),
@@ -116,6 +122,16 @@ def test_tenants_do_not_share_cache_but_a_tenant_does(served, client):
     assert a.usage.prompt_tokens_details.cached_tokens > 0
     unsalted = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
     assert unsalted.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_chat_is_salted_per_tenant_too(served, client):
+    other = openai.OpenAI(base_url=f"{served.url}/v1", api_key=KEY_B, max_retries=0)
+    messages = [{"role": "user", "content": "tenant isolation of chat turns " * 6}]
+    client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    b = other.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    assert b.usage.prompt_tokens_details.cached_tokens == 0
+    a = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    assert a.usage.prompt_tokens_details.cached_tokens > 0
 
 
 def test_prompt_forms_and_n(client):
@@ -346,12 +362,12 @@ def test_tokenize_roundtrip(http):
     assert http.post("/detokenize", json={"model": MODEL, "tokens": [10**7]}).status_code == 400
 
 
-def _raw_request(served, body: dict) -> socket.socket:
+def _raw_request(served, body: dict, path: str = "/v1/completions") -> socket.socket:
     payload = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", served.port))
     sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-        b"\r\nAuthorization: Bearer "
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json".encode()
+        + b"\r\nAuthorization: Bearer "
         + KEY_A.encode()
         + f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
         + payload
@@ -359,16 +375,15 @@ def _raw_request(served, body: dict) -> socket.socket:
     return sock
 
 
+@pytest.mark.parametrize("chat", [False, True])
 @pytest.mark.parametrize("stream", [True, False])
-def test_client_disconnect_releases_blocks_and_tracker(served, stream):
-    body = {
-        "model": MODEL,
-        "prompt": LONG_PROMPT,
-        "max_tokens": 1500,
-        "ignore_eos": True,
-        "stream": stream,
-    }
-    sock = _raw_request(served, body)
+def test_client_disconnect_releases_blocks_and_tracker(served, stream, chat):
+    body = {"model": MODEL, "max_tokens": 1500, "ignore_eos": True, "stream": stream}
+    if chat:
+        body["messages"] = [{"role": "user", "content": LONG_PROMPT}]
+        sock = _raw_request(served, body, "/v1/chat/completions")
+    else:
+        sock = _raw_request(served, {**body, "prompt": LONG_PROMPT})
     deadline = time.monotonic() + 10
     while metric_sum(scrape(served.scheduler_metrics_url), "kvledger_kv_blocks_in_use") == 0:
         assert time.monotonic() < deadline, "request never started"
@@ -406,6 +421,8 @@ FIELDS = [
     "priority",
     "stream_options",
     "skip_special_tokens",
+    "logit_bias",
+    "add_special_tokens",
 ]
 
 
@@ -422,6 +439,48 @@ FIELDS = [
 )
 def test_fuzz_completions_never_5xx(http, body):
     reply = http.post("/v1/completions", content=json.dumps(body))
+    assert reply.status_code < 500, (body, reply.text)
+
+
+PARTS = st.lists(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "image_url"]) | JSON_VALUES},
+        optional={"text": st.text(max_size=20) | JSON_VALUES},
+    ),
+    max_size=3,
+)
+MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant", "tool"]) | JSON_VALUES},
+        optional={"content": st.text(max_size=30) | PARTS | JSON_VALUES},
+    ),
+    max_size=4,
+)
+CHAT_FIELDS = [
+    *FIELDS,
+    "max_completion_tokens",
+    "top_logprobs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
+    "response_format",
+    "tools",
+]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    st.fixed_dictionaries(
+        {
+            "model": st.just(MODEL),
+            "max_tokens": st.integers(-2, 4),
+            "messages": MESSAGES | JSON_VALUES,
+        },
+        optional={name: JSON_VALUES for name in CHAT_FIELDS},
+    )
+)
+def test_fuzz_chat_never_5xx(http, body):
+    reply = http.post("/v1/chat/completions", content=json.dumps(body))
     assert reply.status_code < 500, (body, reply.text)
 
 

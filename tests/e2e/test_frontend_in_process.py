@@ -374,4 +374,5 @@ def test_infinite_logprobs_are_clamped_as_vllm_does(scheduler, model_dir):
     assert token_logprobs == [-9999.0] * 6  # three tokens, whole and streamed
     assert len(tops) == 6
     for top in tops:  # the NaN alternative is left out: the values are numbers
-        assert sorted(top.values()) == [-9999.0, -0.5]
+        # two alternatives, and the sampled token (a position token, none of them)
+        assert sorted(top.values()) == [-9999.0, -9999.0, -0.5]

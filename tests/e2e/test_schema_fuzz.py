@@ -48,6 +48,8 @@ SERVER_LIMITS = (
     "128",
 )
 OPENAI_ERROR_FIELDS = {"message", "type", "param", "code"}
+# Generating routes and the object their stream's chunks name.
+GENERATING = {"/v1/completions": "text_completion", "/v1/chat/completions": "chat.completion.chunk"}
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,7 @@ def _widened(ctx, body: object) -> st.SearchStrategy:  # noqa: ANN001
     streamed: a third of the completions that do not say `stream` ask for it."""
     if not isinstance(body, dict):
         return st.just(body)
-    if ctx.operation.path == "/v1/completions" and "stream" not in body:
+    if ctx.operation.path in GENERATING and "stream" not in body:
         streamed = st.sampled_from([body, body, {**body, "stream": True}])
     else:
         streamed = st.just(body)
@@ -100,6 +102,7 @@ def api_schema(served):
             "operations": [
                 {"include-path": "/v1/embeddings", "parameters": {"body.model": EMBEDDING_MODEL}},
                 {"exclude-path": "/v1/embeddings", "parameters": {"body.model": MODEL}},
+                {"include-path": "/v1/models/{model}", "parameters": {"path.model": MODEL}},
             ],
             "dictionaries": {
                 "small": {"values": [0, 1, 2, 3, 4, 5, 8]},
@@ -182,9 +185,10 @@ def _assert_openai_error(body: object, case, status: int, where: str) -> None:  
     assert isinstance(error["type"], str) and error["type"], f"{where}: {body!r}"
     param = error["param"]
     assert param is None or isinstance(param, str), f"{where}: {body!r}"
-    if param is not None:  # names a field of the request body (or an item of one)
-        field = param.split(".")[0]
-        assert field in _body_fields(case), f"{where}: param {param!r} is no field: {body!r}"
+    if param is not None:  # names a field of the request body (or an item of one), or a path
+        field = param.split(".")[0]  # parameter (`model` of /v1/models/{model})
+        names = _body_fields(case) | set(case.path_parameters or {})
+        assert field in names, f"{where}: param {param!r} is no field: {body!r}"
     assert error["code"] is None or isinstance(error["code"], str), f"{where}: {body!r}"
     if 400 <= status < 500:
         assert error["type"] != "server_error", f"{where}: a client error typed as the server's"
@@ -211,14 +215,20 @@ def openai_error_shape(ctx, response, case) -> None:  # noqa: ANN001
             if "error" in chunk:
                 _assert_openai_error(chunk, case, 500, f"{where} (in the stream)")
             else:
-                assert chunk.get("object") == "text_completion", f"{where}: {chunk!r}"
+                assert chunk.get("object") == GENERATING[case.path], f"{where}: {chunk!r}"
 
 
 def test_every_operation_conforms_to_its_schema(api_schema):
     """Runs schemathesis' engine, as `schemathesis run` does (its pytest integration does not
     run under this pytest), over every operation: examples, coverage and fuzzing phases."""
     operations = {op.ok().label for op in api_schema.get_all_operations()}
-    assert {"POST /v1/completions", "POST /v1/embeddings", "GET /v1/models"} <= operations
+    assert {
+        "POST /v1/completions",
+        "POST /v1/chat/completions",
+        "POST /v1/embeddings",
+        "GET /v1/models",
+        "GET /v1/models/{model}",
+    } <= operations
     failures: set[str] = set()
     errors: list[str] = []
     statuses: dict[str, Counter[int]] = defaultdict(Counter)

@@ -46,7 +46,7 @@ def test_generation_is_deterministic_and_fast(tmp_path: Path) -> None:
 def test_resolve_creates_once_in_a_versioned_cache_dir(
     kv_cache_dir: Path, tiny_llama_dir: Path
 ) -> None:
-    assert tiny_llama_dir == tiny_llama_path() == kv_cache_dir / "tiny-llama-v1"
+    assert tiny_llama_dir == tiny_llama_path() == kv_cache_dir / "tiny-llama-v2"
     stamp = (tiny_llama_dir / "model.safetensors").stat().st_mtime_ns
     assert resolve_model("tiny-llama") == tiny_llama_dir
     assert (tiny_llama_dir / "model.safetensors").stat().st_mtime_ns == stamp
@@ -71,7 +71,7 @@ def test_concurrent_first_use_is_safe(tmp_path: Path, monkeypatch: pytest.Monkey
         t.join()
     assert not errors
     assert len(set(results)) == 1
-    assert [p.name for p in tmp_path.iterdir()] == ["tiny-llama-v1"]
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny-llama-v2"]
     assert json.loads((results[0] / "config.json").read_text())["hidden_size"] == 256
 
 

@@ -1,0 +1,142 @@
+"""/v1/chat/completions: its request body, and its response and chunk shapes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
+
+from server.protocol import INT32_MAX, SamplingRequest, text_fields
+from server.responses import Usage
+
+# Parameters of OpenAI's chat API this server does not implement: a request that sets one is a
+# 400 naming it, never a reply that silently ignores it.
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "audio")
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content; only `{"type": "text", "text": ...}` is served."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+    _check_text = text_fields("text")
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    _check_text = text_fields("content", "name")
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+class ChatTemplateOptions(BaseModel):
+    """How the messages become a prompt (vLLM's names)."""
+
+    model_config = ConfigDict(extra="allow")
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False  # the template writes the model's special tokens itself
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    audio: Any = None
+
+    @property
+    def token_limit(self) -> int | None:
+        """`max_completion_tokens` is OpenAI's newer name for `max_tokens`."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float | None
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class Delta(BaseModel):
+    """What a chunk adds to a choice's message; fields it does not carry are left out (the
+    last chunk's delta is `{}`), as OpenAI sends them."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: Delta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One server-sent event of a streamed chat completion (`data: {...}`); the stream ends
+    with `data: [DONE]`. The last chunk before it carries `usage` (and no choices) when
+    `stream_options.include_usage`; an error mid-stream comes as `data: {"error": {...}}`."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None

@@ -1,0 +1,191 @@
+"""A model's chat template, rendered with jinja2 in a sandbox set up the way transformers'
+`apply_chat_template` sets it up, so that a model's own template gives the same text (and so
+the same token ids) here as there.
+
+Templates come from the model directory (`chat_template` in tokenizer_config.json, or
+chat_template.jinja beside it) or from `--chat-template` (a file path, or the template text).
+They are untrusted code: the sandbox is immutable, and the globals are transformers' own."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+log = logging.getLogger(__name__)
+
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+# Appended to the final message with continue_final_message, and cut off with what follows.
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+class ChatTemplateError(ValueError):
+    """The messages cannot be rendered: the template refused them, or it is broken."""
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    source: str
+    special_tokens: dict[str, str] = field(default_factory=dict)
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        extra: dict[str, Any] | None = None,
+    ) -> str:
+        """The prompt text; `extra` (chat_template_kwargs) overrides the special tokens, as
+        transformers lets template kwargs do."""
+        messages = [dict(m) for m in messages]
+        final = None
+        if continue_final_message:
+            final = messages[-1].get("content")
+            if not isinstance(final, str):
+                raise ChatTemplateError("continue_final_message needs a final message with text")
+            messages[-1]["content"] = final + CONTINUE_TAG
+        variables = {**self.special_tokens, **(extra or {})}
+        variables.update(messages=messages, add_generation_prompt=add_generation_prompt)
+        variables.setdefault("tools", None)
+        variables.setdefault("documents", None)
+        try:
+            text = _compiled(self.source).render(**variables)
+        except jinja2.TemplateError as err:
+            raise ChatTemplateError(f"the chat template refused the messages: {err}") from None
+        except Exception as err:  # noqa: BLE001 - a template is user code: any failure is its own
+            raise ChatTemplateError(f"the chat template failed: {type(err).__name__}") from None
+        if final is not None:
+            text = _cut_at_tag(text)
+        return text
+
+
+def _cut_at_tag(text: str) -> str:
+    """Ends the text where the final message ends (what the template adds after it goes),
+    keeping the message's own trailing spaces unless the template trimmed them."""
+    tag = CONTINUE_TAG.strip()
+    if tag not in text:
+        raise ChatTemplateError("the chat template dropped the final message to continue")
+    at = text.rindex(tag)
+    if text[at : at + len(CONTINUE_TAG)] == CONTINUE_TAG:
+        return text[:at]
+    return text[:at].rstrip()
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask tag): renders
+    its body; the mask itself is for training, not serving."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    """transformers' tojson: plain json.dumps (jinja's own escapes HTML characters)."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=16)
+def _compiled(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as err:
+        raise ChatTemplateError(f"the chat template does not parse: {err}") from None
+
+
+def load_chat_template(model_dir: str | Path, override: str | None = None) -> ChatTemplate | None:
+    """The template to use for a model: `override` (--chat-template: a file or the text),
+    else the model directory's; None when neither has one."""
+    directory = Path(model_dir)
+    config = _read_json(directory / "tokenizer_config.json")
+    specials = _special_tokens(config, _read_json(directory / "special_tokens_map.json"))
+    source = _template_text(override) if override else _directory_template(directory, config)
+    return ChatTemplate(source, specials) if source else None
+
+
+def _template_text(override: str) -> str:
+    """vLLM's rule: an existing file is read; anything else is the template itself."""
+    path = Path(override).expanduser()
+    try:
+        if path.is_file():
+            return path.read_text()
+    except OSError:  # a long template text is not a valid path
+        pass
+    return override
+
+
+def _directory_template(directory: Path, config: dict[str, Any]) -> str | None:
+    jinja_file = directory / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text()
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: the default one serves chat
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def _special_tokens(config: dict[str, Any], token_map: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for name in SPECIAL_TOKEN_NAMES:
+        value = config.get(name, token_map.get(name))
+        if isinstance(value, dict):  # an AddedToken as saved: {"content": ..., ...}
+            value = value.get("content")
+        if isinstance(value, str):
+            out[name] = value
+    return out
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,80 @@
+"""/v1/embeddings: one Embed call for all inputs."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+
+import grpc
+import numpy as np
+from fastapi import APIRouter, Request
+
+from protos import frontend_pb2
+from server.deps import model_for, scheduler, settings_of
+from server.errors import APIError, error_responses, from_grpc
+from server.protocol import EmbeddingRequest
+from server.responses import Embedding, EmbeddingResponse, EmbeddingUsage
+from server.streaming import until_disconnect
+from server.tokens import tokenize_prompts
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/embeddings",
+    response_model=EmbeddingResponse,
+    responses=error_responses(400, 404, 413, 429, 500, 503),
+)
+async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
+    model = await model_for(request, body.model)  # decoders embed too (last-token pooling)
+    prompts = await asyncio.to_thread(tokenize_prompts, body.input, model, param="input")
+    inputs = [p.ids for p in prompts]
+    width = model.info.embedding_size
+    if body.dimensions is not None and width and body.dimensions > width:
+        raise APIError(
+            400,
+            f"dimensions must be at most {width} for model `{model.name}`",
+            param="dimensions",
+        )
+    limit = settings_of(request).limits.max_embedding_inputs
+    if len(inputs) > limit:
+        raise APIError(400, f"at most {limit} inputs per request", param="input")
+    too_long = next((len(i) for i in inputs if len(i) > model.info.max_model_len), None)
+    if too_long is not None:
+        raise APIError(
+            400,
+            f"This model's maximum context length is "
+            f"{model.info.max_model_len} tokens. However, you requested "
+            f"{too_long} tokens in the input for embedding generation. Please "
+            "reduce the length of the input.",
+            param="input",
+            code="context_length_exceeded",
+        )
+    req = frontend_pb2.EmbedRequest(
+        request_id=f"embd-{uuid.uuid4().hex}",
+        model=model.name,
+        normalize=True,
+        dimensions=body.dimensions or 0,
+        inputs=[frontend_pb2.TokenIds(ids=ids) for ids in inputs],
+    )
+    try:
+        reply = await until_disconnect(request, scheduler(request).stub.Embed(req))
+    except grpc.aio.AioRpcError as err:
+        raise from_grpc(err) from None
+    data = [
+        Embedding(index=i, embedding=_encoded(list(e.values), body.encoding_format))
+        for i, e in enumerate(reply.embeddings)
+    ]
+    tokens = reply.num_prompt_tokens
+    return EmbeddingResponse(
+        data=data,
+        model=model.name,
+        usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
+    )
+
+
+def _encoded(values: list[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
+    return values

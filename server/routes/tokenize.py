@@ -1,0 +1,87 @@
+"""/tokenize and /detokenize (vLLM's): a prompt, or chat messages through the model's
+template, to token ids, and back."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
+
+from server.chat_prompt import chat_prompt
+from server.chat_protocol import ChatMessage, ChatTemplateOptions
+from server.client import ServedModel
+from server.deps import model_for
+from server.errors import APIError, error_responses
+from server.protocol import DetokenizeRequest, text_fields
+from server.tokens import token_text
+
+router = APIRouter()
+
+
+class TokenizeRequest(ChatTemplateOptions):
+    """Either `prompt` (add_special_tokens defaults to true) or chat `messages` (rendered as
+    /v1/chat/completions renders them; add_special_tokens defaults to false)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # type: ignore[assignment]
+    return_token_strs: bool = False
+
+    _check_text = text_fields("model", "prompt")
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+@router.post(
+    "/tokenize",
+    response_model=TokenizeResponse,
+    response_model_exclude_none=True,
+    responses=error_responses(400, 404, 413, 503),
+)
+async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "give either `prompt` or `messages`", param="prompt")
+    model = await model_for(request, body.model)
+    ids = await asyncio.to_thread(_ids, body, model)
+    return TokenizeResponse(
+        tokens=ids,
+        count=len(ids),
+        max_model_len=model.info.max_model_len,
+        token_strs=[token_text(model, t) for t in ids] if body.return_token_strs else None,
+    )
+
+
+def _ids(body: TokenizeRequest, model: ServedModel) -> list[int]:
+    if body.messages is not None:
+        if not body.messages:
+            raise APIError(400, "messages must not be empty", param="messages")
+        special = bool(body.add_special_tokens)
+        options = body.model_copy(update={"add_special_tokens": special})
+        return chat_prompt(body.messages, options, model)
+    special = True if body.add_special_tokens is None else body.add_special_tokens
+    return model.tokenizer.encode(body.prompt or "", add_special_tokens=special).ids
+
+
+@router.post(
+    "/detokenize",
+    response_model=DetokenizeResponse,
+    responses=error_responses(400, 404, 413, 503),
+)
+async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+    model = await model_for(request, body.model)
+    vocab = model.info.vocab_size
+    if any(t >= vocab for t in body.tokens):
+        raise APIError(400, f"token ids must be below the vocabulary size {vocab}", param="tokens")
+    return DetokenizeResponse(prompt=model.tokenizer.decode(body.tokens))

@@ -1,0 +1,137 @@
+"""From a validated request body to a `Generation`: the checks every generating endpoint shares
+(model kind, limits, context length, logit_bias ids) and the GenerateRequest of each choice."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from protos import frontend_pb2
+from server.client import ServedModel
+from server.detokenizer import IncrementalDetokenizer
+from server.errors import APIError
+from server.generation import Choice, Generation
+from server.limits import Limits, check_sampling_limits
+from server.protocol import SamplingRequest
+
+SEED_RANGE = 2**64  # SamplingParams.seed is a uint64
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an endpoint asks of each choice, beyond the shared sampling fields."""
+
+    id_prefix: str
+    max_tokens: int | None  # None: fill the context
+    top_logprobs: int | None = None  # None: no logprobs
+    prompt_logprobs: int | None = None  # None: none
+    echo_only: bool = False
+    prompt_param: str = "prompt"  # the request's field that holds the prompt, for errors
+
+
+def check_request(
+    body: SamplingRequest, model: ServedModel, limits: Limits, num_prompts: int
+) -> None:
+    """The checks that need no tokens: run before tokenizing."""
+    if model.is_embedding:
+        raise APIError(400, f"model `{model.name}` is an embedding model", param="model")
+    if body.stream_options is not None and not body.stream:
+        raise APIError(
+            400, "stream_options may only be set when stream is true", param="stream_options"
+        )
+    vocab = model.info.vocab_size
+    bad = [k for k in body.logit_bias or {} if int(k) >= vocab]
+    if bad:
+        raise APIError(
+            400,
+            f"logit_bias keys must be token ids below the vocabulary size {vocab}, not {bad[0]}",
+            param="logit_bias",
+        )
+    check_sampling_limits(body, limits, num_prompts)
+
+
+def build_generation(
+    body: SamplingRequest, model: ServedModel, prompts: list[list[int]], salt: str, plan: Plan
+) -> Generation:
+    generation = Generation(
+        id=f"{plan.id_prefix}-{uuid.uuid4().hex}",
+        model=model,
+        prompts=prompts,
+        stops=body.stop_strings,
+    )
+    limit = model.info.max_model_len
+    for p_index, prompt in enumerate(prompts):
+        # Without max_tokens, a completion may fill the context, but must have room for one.
+        max_tokens = plan.max_tokens if plan.max_tokens is not None else limit - len(prompt)
+        max_tokens = max(max_tokens, 1)
+        check_context(prompt, max_tokens, limit, plan.prompt_param)
+        for sample in range(body.n):
+            index = len(generation.choices)
+            request = generate_request(
+                body, model, prompt, max_tokens, salt, f"{generation.id}-{index}", sample, plan
+            )
+            detok = IncrementalDetokenizer(model.tokenizer, prompt, body.skip_special_tokens)
+            choice = Choice(index, p_index, request, detok, echo_only=plan.echo_only)
+            if plan.top_logprobs is not None:
+                choice.entries = []
+            generation.choices.append(choice)
+    return generation
+
+
+def check_context(prompt: list[int], max_tokens: int, limit: int, param: str) -> None:
+    if len(prompt) + max_tokens > limit:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you "
+            f"requested {len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or "
+            "completion.",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+def generate_request(
+    body: SamplingRequest,
+    model: ServedModel,
+    prompt: list[int],
+    max_tokens: int,
+    salt: str,
+    request_id: str,
+    sample_index: int,
+    plan: Plan,
+) -> frontend_pb2.GenerateRequest:
+    temperature = 1.0 if body.temperature is None else body.temperature
+    sampling = frontend_pb2.SamplingParams(
+        temperature=temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=max(body.top_k or 0, 0),
+        min_p=body.min_p or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=body.repetition_penalty or 1.0,
+        logprobs=-1 if plan.top_logprobs is None else plan.top_logprobs,
+        logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
+    )
+    if body.seed is not None:
+        # The n samples of a prompt differ, yet the whole response is reproducible (vLLM's
+        # seed + index); the worker's noise depends only on (seed, position).
+        sampling.seed = (body.seed + sample_index) % SEED_RANGE
+    if plan.prompt_logprobs is not None:
+        sampling.prompt_logprobs = plan.prompt_logprobs
+    stop = frontend_pb2.StopCriteria(
+        max_tokens=max_tokens,
+        stop_token_ids=body.stop_token_ids or [],
+        ignore_eos=body.ignore_eos,
+        min_tokens=body.min_tokens,
+    )
+    return frontend_pb2.GenerateRequest(
+        request_id=request_id,
+        model=model.name,
+        prompt_token_ids=prompt,
+        sampling=sampling,
+        stop=stop,
+        cache_salt=salt,
+        priority=body.priority,
+        skip_prefix_cache=plan.prompt_logprobs is not None,
+    )

@@ -1,0 +1,99 @@
+"""Waiting on a client: work cancelled when it goes away, and server-sent event streams of a
+generation's choices, rendered by the endpoint (completion chunks or chat chunks)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel
+
+from server.errors import APIError
+from server.generation import Choice
+
+T = TypeVar("T")
+DISCONNECT_POLL_SECONDS = 0.05
+
+
+async def drain(events: AsyncIterator[object]) -> None:
+    async for _ in events:
+        pass
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Runs work; a client that goes away cancels it (which aborts its requests).
+
+    Whatever way this returns, the work has finished: a cancelled task is waited for, so
+    that it has left (and cleaned up) any generator it was running before the caller goes
+    on, perhaps to close that generator."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                await _cancel_and_wait(task)
+                raise APIError(499, "client disconnected")
+    finally:
+        if not task.done():
+            await _cancel_and_wait(task)
+
+
+async def _cancel_and_wait(task: asyncio.Future) -> None:
+    """Cancels the task and waits until it is done; its outcome is dropped (asyncio.wait
+    never raises it), while a cancellation of the caller itself still propagates."""
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved: a failure while it was being cancelled is not logged
+
+
+def event(chunk: BaseModel | dict, exclude: set[str] | None = None) -> str:
+    if isinstance(chunk, BaseModel):
+        return f"data: {chunk.model_dump_json(exclude=exclude)}\n\n"
+    return f"data: {json.dumps(chunk)}\n\n"
+
+
+async def sse_response(
+    request: Request,
+    events: AsyncIterator[Choice],
+    render: Callable[[Choice], list[str]],
+    tail: Callable[[], list[str]],
+) -> Response:
+    """Streams `render(choice)` for each change of a choice, then `tail()`, then `[DONE]`.
+
+    The first event is awaited before the response starts, so that errors (a bad prompt, no
+    worker) still get a status code, while a client that leaves before it (queued, or in a
+    long prefill) is noticed. An error later is sent as an event in OpenAI's error shape."""
+    try:
+        first = await until_disconnect(request, anext(events))
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        await events.aclose()
+        raise
+
+    async def sse() -> AsyncIterator[str]:
+        try:
+            if first is not None:
+                for out in render(first):
+                    yield out
+                async for choice in events:
+                    for out in render(choice):
+                        yield out
+            for out in tail():
+                yield out
+        except APIError as err:
+            yield event(err.body())
+        finally:
+            await events.aclose()
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(
+        sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )

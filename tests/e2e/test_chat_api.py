@@ -1,0 +1,216 @@
+"""/v1/chat/completions over a live stack, through the official `openai` client: the response
+and chunk shapes, n with a seed, logprobs in the chat shape, usage in a stream, a multi-turn
+conversation reusing its earlier turns' cache, and every parameter refused with a 400."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.test_frontend_api import idle
+from tests.serving import start_serve
+
+KEY = "key-chat"
+MODEL, EMBEDDING_MODEL = "tiny-llama", "all-MiniLM-L6-v2"
+SYSTEM = "You keep an exact ledger of every block, counted and checked at every step. " * 3
+MESSAGES = [
+    {"role": "system", "content": SYSTEM},
+    {"role": "user", "content": "What does the scheduler know about a block?"},
+]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    served = start_serve(
+        tmp_path_factory.mktemp("chat"),
+        "--num-kv-blocks",
+        "256",
+        "--api-key",
+        KEY,
+        "--max-n",
+        "4",
+        embedding=True,
+    )
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=f"{served.url}/v1", api_key=KEY, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def http(served):
+    with httpx.Client(
+        base_url=served.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+    ) as c:
+        yield c
+
+
+def greedy(**kw) -> dict:  # noqa: ANN003
+    return {"model": MODEL, "messages": MESSAGES, "max_tokens": 8, "temperature": 0} | kw
+
+
+def test_chat_completion_equals_the_completion_of_the_templated_prompt(client, http):
+    chat = client.chat.completions.create(**greedy(extra_body={"ignore_eos": True}))
+    assert chat.object == "chat.completion" and chat.id.startswith("chatcmpl-")
+    (choice,) = chat.choices
+    assert choice.message.role == "assistant" and choice.finish_reason == "length"
+    assert choice.logprobs is None
+    prompt = http.post("/tokenize", json={"model": MODEL, "messages": MESSAGES}).json()
+    assert (
+        prompt["tokens"][0] == 101 and prompt["tokens"].count(101) == 1
+    )  # one BOS: the template's
+    plain = client.completions.create(
+        model=MODEL, prompt=prompt["tokens"], max_tokens=8, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert choice.message.content == plain.choices[0].text
+    usage = chat.usage
+    assert usage.prompt_tokens == prompt["count"] and usage.completion_tokens == 8
+    assert usage.total_tokens == usage.prompt_tokens + 8
+    assert usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_streaming_sends_the_role_then_content_then_the_finish_then_usage(client):
+    whole = client.chat.completions.create(**greedy(extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.chat.completions.create(
+            **greedy(
+                stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}
+            )  # fmt: skip
+        )
+    )
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    *body, finish, usage = chunks
+    assert finish.choices[0].finish_reason == "length"
+    assert all(c.choices[0].finish_reason is None for c in body)
+    content = "".join(c.choices[0].delta.content or "" for c in body)
+    assert content == whole.choices[0].message.content
+    assert usage.choices == [] and usage.usage.completion_tokens == 8
+    assert all(c.usage is None for c in chunks[:-1])
+    plain = list(client.chat.completions.create(**greedy(stream=True)))
+    assert all(c.usage is None for c in plain)
+
+
+def test_n_with_a_seed_differs_per_choice_and_repeats(client):
+    def ask():  # noqa: ANN202
+        return client.chat.completions.create(
+            **greedy(n=2, seed=11, temperature=1.0, max_tokens=12, extra_body={"ignore_eos": True})
+        )
+
+    first, again = ask(), ask()
+    texts = [c.message.content for c in first.choices]
+    assert [c.index for c in first.choices] == [0, 1]
+    assert texts[0] != texts[1]
+    assert [c.message.content for c in again.choices] == texts
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_in_the_chat_shape(client, stream):
+    request = greedy(logprobs=True, top_logprobs=3, stream=stream, extra_body={"ignore_eos": True})
+    if stream:
+        entries = [
+            e
+            for c in client.chat.completions.create(**request)
+            if c.choices and c.choices[0].logprobs is not None
+            for e in c.choices[0].logprobs.content
+        ]
+    else:
+        entries = client.chat.completions.create(**request).choices[0].logprobs.content
+    assert len(entries) == 8
+    for entry in entries:
+        assert entry.bytes == list(entry.token.encode())
+        assert len(entry.top_logprobs) == 3
+        best = entry.top_logprobs[0]
+        assert best.token == entry.token and best.logprob == pytest.approx(entry.logprob)  # greedy
+        assert all(t.bytes == list(t.token.encode()) for t in entry.top_logprobs)
+
+
+def test_a_second_turn_reuses_the_first_turns_blocks(client):
+    first = client.chat.completions.create(**greedy(max_tokens=6))
+    answer = first.choices[0].message.content
+    turn2 = [*MESSAGES, {"role": "assistant", "content": answer},
+             {"role": "user", "content": "And when it is evicted?"}]  # fmt: skip
+    second = client.chat.completions.create(model=MODEL, messages=turn2, max_tokens=4)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens - 16  # every full block of the first prompt
+    assert 0 < cached < second.usage.prompt_tokens
+
+
+def test_stop_strings_and_max_completion_tokens(client):
+    base = client.chat.completions.create(**greedy(max_tokens=16, extra_body={"ignore_eos": True}))
+    text = base.choices[0].message.content
+    stop = text[4:7]
+    cut = client.chat.completions.create(
+        **greedy(max_tokens=16, stop=[stop], extra_body={"ignore_eos": True})
+    )
+    assert cut.choices[0].message.content == text[: text.find(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    three = client.chat.completions.create(
+        **greedy(max_tokens=None, max_completion_tokens=3, extra_body={"ignore_eos": True})
+    )
+    assert three.usage.completion_tokens == 3
+
+
+REFUSED = [
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ({"model": EMBEDDING_MODEL}, "model"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"logit_bias": {"not-an-id": 1}}, "logit_bias"),
+    ({"logit_bias": {"101": 101}}, "logit_bias"),
+    ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
+    (
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+            ]
+        },
+        "messages.0.content",
+    ),  # fmt: skip
+    ({"add_generation_prompt": True, "continue_final_message": True}, "continue_final_message"),
+    ({"max_tokens": 4000}, "messages"),
+    ({"n": 5}, "n"),
+]
+
+
+@pytest.mark.parametrize(("extra", "param"), REFUSED)
+def test_refused_with_a_400_naming_the_parameter(client, http, extra, param):
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2} | extra
+    reply = http.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert "Traceback" not in error["message"]
+    rest = {k: v for k, v in body.items() if k not in ("model", "messages")}
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model=body["model"], messages=body["messages"], extra_body=rest
+        )
+
+
+def test_continue_final_message_continues_the_assistant(client, http):
+    messages = [*MESSAGES, {"role": "assistant", "content": "The ledger"}]
+    options = {"add_generation_prompt": False, "continue_final_message": True}
+    out = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, extra_body=options
+    )
+    prompt = http.post("/tokenize", json={"model": MODEL, "messages": messages, **options}).json()
+    assert out.usage.prompt_tokens == prompt["count"]
+    assert prompt["tokens"][-1] != 102  # no [SEP] after the message being continued
+
+
+def test_the_ledger_is_idle_afterwards(served):
+    assert idle(served)
