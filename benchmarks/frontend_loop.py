@@ -1,5 +1,5 @@
 """How long the frontend's event loop stalls while a long prompt is tokenized, inline vs in a
-thread (what `server/app.py` does), side by side in one run.
+thread (what the routes in `server/routes/` do), side by side in one run.
 
     .venv/bin/python benchmarks/frontend_loop.py [--tokens 2000,8000,30000] [--repeats 5]
 
