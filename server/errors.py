@@ -132,8 +132,20 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return f"The request body is not valid JSON: {reason} (character {position}).", None
     loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _union_tag(p)]
     param = ".".join(loc) or None
-    msg = first.get("msg", "invalid request")
+    msg = _telling(exc.errors(), first).get("msg", "invalid request")
     return (f"{param}: {msg}" if param else msg), param
+
+
+# A union member whose shape the value does not have says only "not this type": the error
+# from a member the value does fit (a list of token ids holding -1) says what is wrong.
+_SHAPE_MISMATCH = {"string_type", "list_type", "dict_type", "model_type"}
+
+
+def _telling(errors: list[dict[str, Any]], first: dict[str, Any]) -> dict[str, Any]:
+    """Among the errors of the first error's field, the one that says most."""
+    field = first.get("loc", ())[:2]
+    same = [e for e in errors if e.get("loc", ())[:2] == field]
+    return next((e for e in same if e.get("type") not in _SHAPE_MISMATCH), first)
 
 
 _TYPE_NAMES = {"str", "int", "float", "bool", "bytes", "list", "dict", "none"}

@@ -10,7 +10,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 INT32_MAX = 2**31 - 1
-TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+# strict: JSON true/false or 1.5 are not token ids (lax mode read true as 1)
+TokenId = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
 Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 LOGIT_BIAS_LIMIT = 100.0
 
@@ -110,8 +111,26 @@ class CompletionRequest(SamplingRequest):
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     add_special_tokens: bool = True
+    # OpenAI's, not implemented here: refused with a 400 naming them unless left at their
+    # no-op values (None or 1; None or ""), never silently ignored
+    best_of: int | None = None
+    suffix: str | None = None
 
     _check_prompt = text_fields("prompt")
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("best_of is not supported by this server (only 1)")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError("suffix (text insertion) is not supported by this server")
+        return value
 
 
 class EmbeddingRequest(BaseModel):

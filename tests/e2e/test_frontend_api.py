@@ -206,6 +206,11 @@ def test_stop_string_cuts_the_text_streaming_and_not(client):
         ({"prompt": []}, "prompt"),
         ({"presence_penalty": 3.0}, "presence_penalty"),
         ({"model": 5}, "model"),
+        ({"best_of": 3}, "best_of"),  # accepted and ignored before
+        ({"suffix": " and then"}, "suffix"),
+        ({"prompt": [True, False]}, "prompt"),  # read as token ids 1 and 0 before
+        ({"prompt": [1.5]}, "prompt"),
+        ({"prompt": [-1]}, "prompt"),
     ],
 )
 def test_invalid_values_are_400_in_openai_shape(http, served, body, param):
@@ -535,3 +540,14 @@ def test_multibyte_text_streams_exactly_as_it_completes(client):
     streamed = "".join(c.choices[0].text for c in client.completions.create(**kwargs, stream=True))
     assert streamed == full
     assert "\ufffd" not in full
+
+
+@pytest.mark.parametrize(
+    ("prompt", "says"),
+    [([-1], "greater than or equal to 0"), ([1.5], "valid integer"), ([True], "valid integer")],
+)
+def test_a_bad_token_id_is_named_as_such(http, prompt, says):
+    """Not pydantic's first union member ("Input should be a valid string")."""
+    reply = http.post("/v1/completions", json={"model": MODEL, "prompt": prompt})
+    assert reply.status_code == 400
+    assert says in reply.json()["error"]["message"], reply.text
