@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = "1"
 
@@ -119,7 +122,13 @@ def from_grpc(err: grpc.aio.AioRpcError) -> APIError:
     status = GRPC_TO_HTTP.get(code, 500)
     details = err.details() or code.name
     if code == grpc.StatusCode.UNAVAILABLE and "no worker" not in details:
-        details = f"the scheduler is unavailable: {details}"
+        # gRPC's details name the scheduler's address and the transport's error: for the log,
+        # not for clients
+        log.warning("scheduler unavailable: %s", details)
+        details = "the scheduler is unavailable; retry later"
+    elif status >= 500 and code != grpc.StatusCode.UNAVAILABLE:
+        log.warning("scheduler error %s: %s", code.name, details)
+        details = "internal error in the scheduler"
     return APIError(status, details)
 
 

@@ -15,7 +15,7 @@ from scheduler_svc.core.block_hash import BlockHasher, sha256_block_hash
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.invariants import check_scheduler
 from scheduler_svc.core.kv_cache_interface import CacheLookup, KVManager
-from scheduler_svc.core.kv_cache_manager import KVCacheManager, cdiv
+from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.no_kv_cache_manager import NoKVCacheManager
 from scheduler_svc.core.output import (
     BlockHashPair,
@@ -505,8 +505,8 @@ class Scheduler:
         capacity = self.kv.token_capacity
         if capacity is not None and num_prompt > capacity:
             return (
-                f"the prompt needs {cdiv(num_prompt, config.block_size)} KV blocks but the "
-                f"worker's pool has only {self.kv.num_blocks_total}"
+                f"the prompt has {num_prompt} tokens, more than a worker of this model can "
+                "hold in its KV cache"
             )
         if request.is_embedding and num_prompt > config.max_num_batched_tokens:
             return (

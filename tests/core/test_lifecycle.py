@@ -59,7 +59,11 @@ def test_max_model_len_caps_generation(kv: bool) -> None:
     [
         ([], 4, "the prompt is empty"),
         (list(range(65)), 4, "more than the maximum context length of 64"),
-        (list(range(33)), 4, "needs 9 KV blocks but the worker's pool has only 8"),
+        (
+            list(range(33)),
+            4,
+            "33 tokens, more than a worker of this model can hold in its KV cache",
+        ),
         (list(range(4)), 0, "max_tokens must be at least 1"),
     ],
 )
@@ -69,7 +73,7 @@ def test_prompts_that_can_never_run_finish_as_ignored_with_a_reason(
     h = Harness.build(kv)
     r = request("bad", prompt, max_tokens=max_tokens)
     h.add(r, request("fine", [1, 2, 3], max_tokens=1))
-    if not kv and "KV blocks" in message:
+    if not kv and "KV cache" in message:
         assert r.status is RequestStatus.WAITING  # no pool, no such limit
         h.run_to_idle()
         return

@@ -76,7 +76,8 @@ def test_a_prompt_no_pool_holds_is_still_refused_with_the_ledgers_reason(schedul
         with pytest.raises(grpc.RpcError) as err:
             next(generate(scheduler.target, "r1", list(range(1, 201)), 3))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "KV blocks" in err.value.details()
+        assert "more than a worker of this model can hold" in err.value.details()
+        assert "pool" not in err.value.details(), "the pool size is not for clients"
         wait_for(lambda: ledger_idle(scheduler))
     finally:
         stop(workers)
