@@ -104,6 +104,8 @@ def _embedding_worker_argv(
         str(args.seed),
         "--log-level",
         args.log_level,
+        "--log-format",
+        args.log_format,
         "--scheduler",
         scheduler_addr,
         "--metrics-port",
@@ -181,7 +183,7 @@ def serve(argv: Sequence[str]) -> int:
     warn_secrets_on_command_line(argv, FLAGS)
     args = _serve_parser().parse_args(argv)
     fill_list_defaults(args, FLAGS)
-    setup_logging("serve", args.log_level)
+    setup_logging("serve", args.log_level, args.log_format)
     from kvledger.models import resolve_model  # torch-free, but only serve needs it
 
     resolve_model(args.model)  # generate tiny-llama once, before workers race for it
@@ -257,10 +259,11 @@ def serve(argv: Sequence[str]) -> int:
             f"http://127.0.0.1:{args.port}" if host == "localhost" else url, children, stopping
         ):
             return 0 if stopping["signal"] is not None else 1
-        print(
-            f"kvledger is serving {', '.join(required)} at {url}  (OpenAI API under {url}/v1)",
-            flush=True,
-        )
+        ready = f"kvledger is serving {', '.join(required)} at {url}  (OpenAI API under {url}/v1)"
+        if args.log_format == "json":
+            log.info(ready)  # log pipelines read JSON lines only
+        else:
+            print(ready, flush=True)
         while stopping["signal"] is None:
             if not _supervise(children):
                 return 1

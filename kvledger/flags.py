@@ -248,6 +248,13 @@ FLAGS: tuple[Flag, ...] = (
         default=10.0,
     ),
     _f(
+        "--log-format",
+        [FRONTEND, SCHEDULER, WORKER],
+        "text, or json: one JSON object per line, with the request id on lines about a request",
+        default="text",
+        choices=("text", "json"),
+    ),
+    _f(
         "--log-level",
         [FRONTEND, SCHEDULER, WORKER],
         "logging level",

@@ -88,7 +88,7 @@ def check_worker_auth(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     prometheus_client.disable_created_metrics()  # *_created series only add noise here
     args = parse(SCHEDULER, argv, "kvledger scheduler service: owns every block table")
-    setup_logging("scheduler", args.log_level)
+    setup_logging("scheduler", args.log_level, args.log_format)
     check_worker_auth(args)
     asyncio.run(serve(args))
 

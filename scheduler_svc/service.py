@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from kvledger.log import REQUEST_ID
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2, worker_pb2_grpc
 from scheduler_svc.convert import response_from_update
 from scheduler_svc.core.request import FinishReason
@@ -28,6 +29,7 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
     async def Generate(
         self, request: frontend_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[frontend_pb2.GenerateResponse]:
+        REQUEST_ID.set(request.request_id)  # this call's task: every line it logs names it
         live = await self._submit(context, self.engine.submit_generate, request)
         try:
             while True:

@@ -40,7 +40,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def main(argv: Sequence[str] | None = None) -> None:
     prometheus_client.disable_created_metrics()  # *_created series only add noise here
     args = parse(FRONTEND, argv, "kvledger frontend: OpenAI-compatible HTTP API")
-    setup_logging("frontend", args.log_level)
+    setup_logging("frontend", args.log_level, args.log_format)
     app = build_app(settings_from_args(args))
     uvicorn.run(
         app,

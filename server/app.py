@@ -3,6 +3,7 @@ server/routes/), its middleware, error handlers and lifespan. No route lives her
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import kvledger
+from kvledger.log import REQUEST_ID
 from server.client import SchedulerClient
 from server.deps import bearer, tenant
 from server.errors import error_responses, install_error_handlers
@@ -54,6 +56,7 @@ def build_app(settings: Settings) -> FastAPI:
     _document_errors_truthfully(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.limits.max_request_body_bytes)
     app.add_middleware(RequestCounter, counter=http_requests)
+    app.add_middleware(RequestId)  # outermost: even a refused body is logged with its id
 
     # Auth is a dependency of the routers that need it; the bearer scheme (declared only when
     # the server has keys) puts it in the OpenAPI schema, with the 401 it answers.
@@ -113,3 +116,30 @@ class RequestCounter:
         finally:
             route = scope.get("route")
             self.counter.labels(getattr(route, "path", "unmatched"), str(status["code"])).inc()
+
+
+class RequestId:
+    """Pure ASGI: each HTTP request gets an id, sent back as `X-Request-Id`, set as the log
+    context (`kvledger.log.REQUEST_ID`) of everything that handles it, and used in the ids of
+    the completions it creates, so the scheduler's and workers' lines about it share it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = uuid.uuid4().hex
+        token = REQUEST_ID.set(request_id)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                message["headers"] = [*headers, (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            REQUEST_ID.reset(token)

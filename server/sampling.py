@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from kvledger.log import REQUEST_ID
 from protos import frontend_pb2
 from server.client import ServedModel
 from server.detokenizer import IncrementalDetokenizer
@@ -54,7 +55,7 @@ def build_generation(
     body: SamplingRequest, model: ServedModel, prompts: list[list[int]], salt: str, plan: Plan
 ) -> Generation:
     generation = Generation(
-        id=f"{plan.id_prefix}-{uuid.uuid4().hex}",
+        id=f"{plan.id_prefix}-{REQUEST_ID.get() or uuid.uuid4().hex}",  # the HTTP request's
         model=model,
         prompts=prompts,
         stops=body.stop_strings,

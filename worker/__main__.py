@@ -28,7 +28,7 @@ CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
 def main(argv: Sequence[str] | None = None) -> None:
     prometheus_client.disable_created_metrics()  # *_created series only add noise here
     args = parse(WORKER, argv, "kvledger worker: model, paged KV memory, attention")
-    setup_logging("worker", args.log_level)
+    setup_logging("worker", args.log_level, args.log_format)
     stopper = Stopper("worker", args.shutdown_timeout).install()
     model_path = resolve_model(args.model)
     name = args.served_model_name or args.model
@@ -47,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_model_len=args.max_model_len,
         seed=args.seed,
         attention_backend=args.attention_backend,
+        progress=args.log_format == "text",  # a progress bar is no JSON line
     )
     kind = (
         frontend_pb2.MODEL_KIND_EMBED

@@ -173,6 +173,7 @@ class Executor:
                 "request %s claims blocks %s whose content differs; refusing them",
                 new.request_id,
                 mismatched,
+                extra={"request_id": new.request_id},
             )
             self._refuse(new.request_id, mismatched, state, result)
             return None
@@ -348,7 +349,7 @@ class Executor:
     def _fail(
         self, request_id: str, message: str, state: StepState, result: worker_pb2.StepResult
     ) -> None:
-        log.warning("request %s failed: %s", request_id, message)
+        log.warning("request %s failed: %s", request_id, message, extra={"request_id": request_id})
         result.errors.add(request_id=request_id, message=message)
         state.failed.add(request_id)
         self.voided.add(request_id)

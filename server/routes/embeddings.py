@@ -10,6 +10,7 @@ import grpc
 import numpy as np
 from fastapi import APIRouter, Request
 
+from kvledger.log import REQUEST_ID
 from protos import frontend_pb2
 from server.deps import model_for, scheduler, settings_of
 from server.errors import APIError, error_responses, from_grpc
@@ -52,7 +53,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingRespo
             code="context_length_exceeded",
         )
     req = frontend_pb2.EmbedRequest(
-        request_id=f"embd-{uuid.uuid4().hex}",
+        request_id=f"embd-{REQUEST_ID.get() or uuid.uuid4().hex}",
         model=model.name,
         normalize=True,
         dimensions=body.dimensions or 0,
