@@ -190,6 +190,7 @@ def serve(argv: Sequence[str]) -> int:
     served_name = args.served_model_name or args.model
     metrics_base = args.metrics_port or DEFAULT_METRICS_PORT[SCHEDULER]
     args.worker_auth_token = args.worker_auth_token or secrets.token_hex(16)
+    args.frontend_auth_token = args.frontend_auth_token or secrets.token_hex(16)
     scheduler_addr = f"127.0.0.1:{args.grpc_port}"
     if args.grpc_host not in ("127.0.0.1", "0.0.0.0", "localhost"):
         scheduler_addr = f"{args.grpc_host}:{args.grpc_port}"

@@ -150,6 +150,22 @@ FLAGS: tuple[Flag, ...] = (
         default=True,
     ),
     _f(
+        "--frontend-auth-token",
+        [FRONTEND, SCHEDULER],
+        "shared secret frontends send with every call to the scheduler; the scheduler refuses "
+        "to start without one unless --allow-unauthenticated-frontends",
+        default="",
+        secret=True,
+    ),
+    _f(
+        "--allow-unauthenticated-frontends",
+        [SCHEDULER],
+        "serve the frontend API (Generate, ListModels, ResetPrefixCache...) to any caller "
+        "without --frontend-auth-token (loopback tests only)",
+        kind="switch",
+        default=False,
+    ),
+    _f(
         "--allow-unauthenticated-workers",
         [SCHEDULER],
         "accept workers without --worker-auth-token: any process that reaches the gRPC port "

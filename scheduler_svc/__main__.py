@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from kvledger.flags import SCHEDULER, parse
+from kvledger.grpc_auth import BearerServerInterceptor
 from kvledger.log import setup_logging
 from kvledger.rpc import SERVER_OPTIONS
 from protos import frontend_pb2_grpc, worker_pb2_grpc
@@ -22,6 +23,7 @@ from scheduler_svc.engine import Engine, EngineConfig
 from scheduler_svc.service import SchedulerServicer, WorkerLinkServicer
 
 log = logging.getLogger("scheduler_svc")
+FRONTEND_SERVICE = "/kvledger.frontend.Scheduler/"
 
 
 async def start(
@@ -32,7 +34,15 @@ async def start(
     if metrics:
         start_http_server(args.metrics_port, addr=args.metrics_host, registry=engine.registry)
 
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    interceptors = []
+    if args.frontend_auth_token:
+        refused = engine.link_metrics.frontend_calls_refused
+        interceptors.append(
+            BearerServerInterceptor(
+                args.frontend_auth_token, FRONTEND_SERVICE, lambda method: refused.inc()
+            )
+        )
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     frontend_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(engine), server)
     worker_pb2_grpc.add_WorkerLinkServicer_to_server(
         WorkerLinkServicer(engine, args.worker_auth_token), server
@@ -85,11 +95,31 @@ def check_worker_auth(args: argparse.Namespace) -> None:
     )
 
 
+def check_frontend_auth(args: argparse.Namespace) -> None:
+    """The frontend API returns users' tokens and flushes every tenant's cache: like workers,
+    frontends need a token, unless told otherwise, and then it is said loudly."""
+    if args.frontend_auth_token:
+        return
+    if not args.allow_unauthenticated_frontends:
+        raise SystemExit(
+            "scheduler: no frontend token. Set KVLEDGER_FRONTEND_AUTH_TOKEN (or "
+            "--frontend-auth-token) here and on every frontend, or pass "
+            "--allow-unauthenticated-frontends to serve the frontend API to any caller."
+        )
+    log.warning(
+        "UNAUTHENTICATED FRONTENDS ALLOWED: any process that reaches %s:%d can generate, list "
+        "models and reset every tenant's prefix cache",
+        args.grpc_host,
+        args.grpc_port,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     prometheus_client.disable_created_metrics()  # *_created series only add noise here
     args = parse(SCHEDULER, argv, "kvledger scheduler service: owns every block table")
     setup_logging("scheduler", args.log_level, args.log_format)
     check_worker_auth(args)
+    check_frontend_auth(args)
     asyncio.run(serve(args))
 
 

@@ -239,6 +239,11 @@ class LinkMetrics:
             registry=registry,
         )
         self.registrations_refused.labels("unauthenticated")  # exported at 0 from the start
+        self.frontend_calls_refused = Counter(
+            "kvledger_frontend_calls_refused_total",
+            "Calls to the frontend API without a valid --frontend-auth-token",
+            registry=registry,
+        )
 
 
 class LedgerCollector(Collector):

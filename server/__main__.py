@@ -34,6 +34,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         metrics_public=args.metrics_public,
         limits=limits,
         chat_template=args.chat_template,
+        scheduler_auth_token=args.frontend_auth_token,
     )
 
 

@@ -44,7 +44,10 @@ def build_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.scheduler = SchedulerClient(
-            settings.scheduler, tuple(settings.require_models), settings.chat_template
+            settings.scheduler,
+            tuple(settings.require_models),
+            settings.chat_template,
+            settings.scheduler_auth_token,
         )
         yield
         await app.state.scheduler.close()

@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenizers import Tokenizer
 
+from kvledger.grpc_auth import bearer_interceptors
 from kvledger.rpc import CHANNEL_OPTIONS
 from protos import frontend_pb2, frontend_pb2_grpc
 from server.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
@@ -46,11 +47,15 @@ class SchedulerClient:
         target: str,
         required_models: tuple[str, ...] = (),
         chat_template: str | None = None,
+        auth_token: str = "",
     ) -> None:
         self.required_models = required_models
         self.chat_template_override = chat_template
         self._templates: dict[str, ChatTemplate | None] = {}
-        self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        interceptors = bearer_interceptors(auth_token) if auth_token else None
+        self.channel = grpc.aio.insecure_channel(
+            target, options=CHANNEL_OPTIONS, interceptors=interceptors
+        )
         self.stub = frontend_pb2_grpc.SchedulerStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self._models: dict[str, ServedModel] = {}

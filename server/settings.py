@@ -16,3 +16,4 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     # --chat-template: a file path or the template text; None = each model's own template.
     chat_template: str | None = None
+    scheduler_auth_token: str = ""  # --frontend-auth-token, sent with every scheduler call

@@ -23,8 +23,9 @@ NON_FLAG_ENV = {"KVLEDGER_CACHE_DIR"}
 HEALTH_URL = re.compile(r"http://(?:127\.0\.0\.1|localhost):(\d+)(/[\w/.-]*)")
 
 
-# The worker token compose requires (it has no default, on purpose), as an operator sets it.
+# The tokens compose requires (they have no default, on purpose), as an operator sets them.
 TEST_WORKER_TOKEN = "compose-test-worker-token"
+TEST_FRONTEND_TOKEN = "compose-test-frontend-token"
 
 
 def compose_env(**overrides: str) -> dict[str, str]:
@@ -36,6 +37,7 @@ def compose_env(**overrides: str) -> dict[str, str]:
         if not k.startswith(("KVLEDGER_", "GRAFANA_", "COMPOSE_"))
     }
     env["KVLEDGER_WORKER_AUTH_TOKEN"] = TEST_WORKER_TOKEN
+    env["KVLEDGER_FRONTEND_AUTH_TOKEN"] = TEST_FRONTEND_TOKEN
     return env | overrides
 
 

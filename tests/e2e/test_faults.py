@@ -74,7 +74,11 @@ def test_kill_9_a_worker_mid_stream_requests_finish_on_the_other(tmp_path):
 
 
 # Shared by the scheduler and the workers these tests start.
-ENV = dict(os.environ, KVLEDGER_WORKER_AUTH_TOKEN="faults-test-token")
+ENV = dict(
+    os.environ,
+    KVLEDGER_WORKER_AUTH_TOKEN="faults-test-token",
+    KVLEDGER_FRONTEND_AUTH_TOKEN="faults-frontend-token",
+)
 
 
 def spawn(module: str, *args: str, log: Path) -> subprocess.Popen:

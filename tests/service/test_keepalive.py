@@ -26,7 +26,8 @@ def test_a_worker_notices_a_frozen_scheduler_within_20_seconds():
     port = free_port()
     scheduler = subprocess.Popen(
         [sys.executable, "-m", "scheduler_svc", "--grpc-port", str(port)]
-        + ["--metrics-port", str(free_port()), "--allow-unauthenticated-workers"],
+        + ["--metrics-port", str(free_port()), "--allow-unauthenticated-workers"]
+        + ["--allow-unauthenticated-frontends"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
