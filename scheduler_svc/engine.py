@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from protos import frontend_pb2, worker_pb2
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.request import FinishReason, Request
+from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.stats import SchedulerSnapshot
 from scheduler_svc.link import WorkerLink
 from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
@@ -35,11 +36,24 @@ CACHED_TOKENS_PER_QUEUED_REQUEST = 64
 OVERDUE_SHARE_OF_STEP_TIMEOUT = 0.5
 
 
+# Sane bounds of a registration. The ledger keeps a Python object per KV block (~150 bytes,
+# ~1 s to build a million): 2^22 blocks is ~600 MB and a few seconds, built off the event loop;
+# 10M blocks of one token once took the scheduler to 1.6 GB and froze every call for 15 s.
+REGISTRATION_LIMITS = {
+    "num_blocks": 1 << 22,
+    "block_size": 1 << 12,
+    "max_model_len": 1 << 24,
+    "vocab_size": 1 << 24,
+    "embedding_size": 1 << 16,
+}
+
+
 def _refreeze_gc() -> None:
     """Moves what is alive now (above all the block pools, full of reference cycles through the
     free queue) out of the collector's reach: a full collection over a large pool otherwise
     stalls a scheduling step for tens of milliseconds. Unfreezing first lets the collector
-    reclaim a dropped pool; registrations and losses are rare, so the collection is too."""
+    reclaim a dropped pool; registrations and losses are rare, so the collection is too
+    (freezing without it left lost pools frozen: tests/service/test_links.py)."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
@@ -122,11 +136,14 @@ class Engine:
         return [(r.model, r.worker, r.snapshot) for r in self.ledger_readings()]
 
     def register(self, registration: worker_pb2.Registration) -> WorkerLink:
-        if registration.worker_id in self.links:
-            raise PlacementError(
-                grpc.StatusCode.ALREADY_EXISTS,
-                f"worker {registration.worker_id!r} is already connected",
-            )
+        """Checks a registration, builds its ledger and attaches the worker, on the loop.
+        The Connect handler does the same with the ledger built off the loop."""
+        cfg = self.ledger_config(registration)
+        return self.attach(registration, cfg, Scheduler(cfg))
+
+    def ledger_config(self, registration: worker_pb2.Registration) -> SchedulerConfig:
+        """The ledger a registration asks for; PlacementError when it cannot be served."""
+        self._check_unused_id(registration)
         self._check_well_formed(registration)
         is_embed = registration.kind == frontend_pb2.MODEL_KIND_EMBED
         chunked = self.config.enable_chunked_prefill and not is_embed
@@ -158,15 +175,28 @@ class Engine:
                 f"worker {registration.worker_id!r} cannot be served: {err}",
             ) from err
         self._check_consistent(registration)
+        return cfg
+
+    def attach(
+        self, registration: worker_pb2.Registration, cfg: SchedulerConfig, scheduler: Scheduler
+    ) -> WorkerLink:
+        """Serves the worker with its ledger. Checked again: another worker may have taken
+        the id, or registered the model differently, while the ledger was being built."""
+        self._check_unused_id(registration)
+        self._check_consistent(registration)
         self._loop = asyncio.get_running_loop()
         link = WorkerLink(
-            registration, cfg, self._on_update, plan_ahead=self.config.async_scheduling
+            registration,
+            cfg,
+            self._on_update,
+            plan_ahead=self.config.async_scheduling,
+            scheduler=scheduler,
         )
         self.links[link.worker_id] = link
         self.known_models.add(link.model)
         # exported at 0 from the start, so a dashboard or an alert sees the series before it moves
         self.link_metrics.step_timeouts.labels(link.model, link.worker_id)
-        _refreeze_gc()
+        _refreeze_gc()  # the new pool out of the collector's reach; one full collection
         log.info(
             "worker %s registered: model %s, %d blocks of %d tokens",
             link.worker_id,
@@ -175,6 +205,13 @@ class Engine:
             registration.block_size,
         )
         return link
+
+    def _check_unused_id(self, registration: worker_pb2.Registration) -> None:
+        if registration.worker_id in self.links:
+            raise PlacementError(
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"worker {registration.worker_id!r} is already connected",
+            )
 
     @staticmethod
     def _check_well_formed(reg: worker_pb2.Registration) -> None:
@@ -192,6 +229,9 @@ class Engine:
                 problems.append(f"{field} is {getattr(reg, field)}, must be at least 1")
         if reg.kind != frontend_pb2.MODEL_KIND_EMBED and reg.num_blocks < 1:
             problems.append(f"num_blocks is {reg.num_blocks}: a generative worker needs KV blocks")
+        for field, limit in REGISTRATION_LIMITS.items():
+            if getattr(reg, field) > limit:
+                problems.append(f"{field} is {getattr(reg, field)}, more than {limit}")
         if problems:
             raise PlacementError(
                 grpc.StatusCode.INVALID_ARGUMENT,

@@ -33,12 +33,13 @@ class WorkerLink:
         config: SchedulerConfig,
         on_update: Callable[[LiveRequest, Delivery], None],
         plan_ahead: bool = False,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.registration = registration
         self.worker_id = registration.worker_id
         self.model = registration.model_name
         self.is_embedding = registration.kind == frontend_pb2.MODEL_KIND_EMBED
-        self.scheduler = Scheduler(config)
+        self.scheduler = scheduler if scheduler is not None else Scheduler(config)
         self.live: dict[str, LiveRequest] = {}
         self.alive = True
         self._on_update = on_update

@@ -15,6 +15,7 @@ from kvledger.log import REQUEST_ID
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2, worker_pb2_grpc
 from scheduler_svc.convert import response_from_update
 from scheduler_svc.core.request import FinishReason
+from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.engine import Engine, PlacementError
 from scheduler_svc.link import LinkClosed, WorkerLink
 from scheduler_svc.live import LiveRequest, RequestFailure
@@ -144,7 +145,10 @@ class WorkerLinkServicer(worker_pb2_grpc.WorkerLinkServicer):
                 context, reg, PlacementError(grpc.StatusCode.UNAUTHENTICATED, "bad worker token")
             )
         try:
-            link = self.engine.register(reg)
+            cfg = self.engine.ledger_config(reg)
+            # A large pool takes seconds to build: off the loop, which meanwhile keeps serving
+            # every other call (the GIL still lets it run between the builder's slices).
+            link = self.engine.attach(reg, cfg, await asyncio.to_thread(Scheduler, cfg))
         except PlacementError as err:
             await self._refuse(context, reg, err)
             return
