@@ -17,6 +17,7 @@ from server.client import SchedulerClient
 from server.deps import bearer, tenant
 from server.errors import error_responses, install_error_handlers
 from server.limits import BodySizeLimit
+from server.offload import tokenize_slots
 from server.routes import chat, completions, embeddings, health, models, tokenize
 from server.settings import Settings
 
@@ -55,6 +56,7 @@ def build_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="kvledger", version=kvledger.__version__, lifespan=lifespan)
     app.state.settings = settings
     app.state.registry = registry
+    app.state.tokenize_slots = tokenize_slots()
     install_error_handlers(app)
     _document_errors_truthfully(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.limits.max_request_body_bytes)

@@ -8,6 +8,7 @@ from server.chat_protocol import ChatMessage, ChatTemplateOptions
 from server.chat_template import ChatTemplateError
 from server.client import ServedModel
 from server.errors import APIError
+from server.tokens import check_text_fits
 
 
 def chat_prompt(
@@ -39,6 +40,7 @@ def chat_prompt(
         )
     except ChatTemplateError as err:
         raise APIError(400, str(err), param="messages") from None
+    check_text_fits(len(text), model, "messages")
     ids = model.tokenizer.encode(text, add_special_tokens=options.add_special_tokens).ids
     if not ids:
         raise APIError(400, "the messages render to an empty prompt", param="messages")

@@ -37,6 +37,7 @@ def tokenize_prompts(
     if texts is not None:
         if any(not t for t in texts):
             raise APIError(400, f"{param} must not be empty", param=param)
+        check_text_fits(max(len(t) for t in texts), model, param)
         encodings = model.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
         prompts = [
             Tokenized(e.ids, t, [start for start, _ in e.offsets])
@@ -49,6 +50,18 @@ def tokenize_prompts(
     if not prompts or any(len(p.ids) == 0 for p in prompts):
         raise APIError(400, f"{param} must not be empty", param=param)
     return prompts
+
+
+def check_text_fits(num_chars: int, model: ServedModel, param: str) -> None:
+    """Refuses, before tokenizing it, a text too long to fit the context whatever it says."""
+    if num_chars > model.max_prompt_chars:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {model.info.max_model_len} tokens; "
+            f"a text of {num_chars} characters cannot fit it. Please shorten it.",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def echoed(tokenizer: Tokenizer, prompt: Tokenized) -> Tokenized:

@@ -3,7 +3,6 @@ generation as completions (prefix cache, stops, limits, disconnects), in the cha
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -27,6 +26,7 @@ from server.deps import model_for, scheduler, settings_of, tenant, tenant_salt
 from server.errors import APIError, error_responses
 from server.generation import Choice, Generation, TokenEntry, merged, stream_text
 from server.limits import Limits
+from server.offload import off_loop
 from server.sampling import Plan, build_generation, check_request
 from server.streaming import drain, event, sse_response, until_disconnect
 from server.tokens import token_text
@@ -52,7 +52,7 @@ async def chat_completions(
     model = await model_for(request, body.model)
     salt = tenant_salt(who, body.cache_salt)
     # Off the event loop, as completions: rendering and tokenizing take their time.
-    generation = await asyncio.to_thread(_prepare, body, model, salt, settings_of(request).limits)
+    generation = await off_loop(request, _prepare, body, model, salt, settings_of(request).limits)
     events = merged(generation, scheduler(request).stub)
     view = _ChatView(body, generation)
     if body.stream:

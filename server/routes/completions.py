@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -12,6 +11,7 @@ from server.deps import model_for, scheduler, settings_of, tenant, tenant_salt
 from server.errors import APIError, error_responses
 from server.generation import Choice, Generation, TokenEntry, merged, stream_text
 from server.limits import Limits
+from server.offload import off_loop
 from server.protocol import CompletionRequest
 from server.responses import (
     CompletionChoice,
@@ -42,8 +42,8 @@ async def completions(body: CompletionRequest, request: Request, who: str = Depe
     salt = tenant_salt(who, body.cache_salt)
     # Off the event loop: a long prompt takes ~4 ms per 1,000 tokens to tokenize, and the
     # loop meanwhile streams every other request's tokens (benchmarks/frontend_loop.py).
-    generation, echoes = await asyncio.to_thread(
-        _prepare, body, model, salt, settings_of(request).limits
+    generation, echoes = await off_loop(
+        request, _prepare, body, model, salt, settings_of(request).limits
     )
     events = merged(generation, scheduler(request).stub)
     view = _View(body, generation, echoes)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import uuid
 
@@ -14,6 +13,7 @@ from kvledger.log import REQUEST_ID
 from protos import frontend_pb2
 from server.deps import model_for, scheduler, settings_of
 from server.errors import APIError, error_responses, from_grpc
+from server.offload import off_loop
 from server.protocol import EmbeddingRequest
 from server.responses import Embedding, EmbeddingResponse, EmbeddingUsage
 from server.streaming import until_disconnect
@@ -29,7 +29,7 @@ router = APIRouter()
 )
 async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
     model = await model_for(request, body.model)  # decoders embed too (last-token pooling)
-    prompts = await asyncio.to_thread(tokenize_prompts, body.input, model, param="input")
+    prompts = await off_loop(request, tokenize_prompts, body.input, model, param="input")
     inputs = [p.ids for p in prompts]
     width = model.info.embedding_size
     if body.dimensions is not None and width and body.dimensions > width:

@@ -3,8 +3,6 @@ template, to token ids, and back."""
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
@@ -13,6 +11,7 @@ from server.chat_protocol import ChatMessage, ChatTemplateOptions
 from server.client import ServedModel
 from server.deps import model_for
 from server.errors import APIError, error_responses
+from server.offload import off_loop
 from server.protocol import DetokenizeRequest, text_fields
 from server.tokens import token_text
 
@@ -54,7 +53,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give either `prompt` or `messages`", param="prompt")
     model = await model_for(request, body.model)
-    ids = await asyncio.to_thread(_ids, body, model)
+    ids = await off_loop(request, _ids, body, model)
     return TokenizeResponse(
         tokens=ids,
         count=len(ids),

@@ -3,9 +3,11 @@ disconnects, and a fuzz run that must never produce a 5xx."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -16,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.errors import install_error_handlers
-from tests.serving import metric_sum, scrape, start_serve
+from tests.serving import descendants, metric_sum, scrape, start_serve
 
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
 MODEL = "tiny-llama"
@@ -551,3 +553,36 @@ def test_a_bad_token_id_is_named_as_such(http, prompt, says):
     reply = http.post("/v1/completions", json={"model": MODEL, "prompt": prompt})
     assert reply.status_code == 400
     assert says in reply.json()["error"]["message"], reply.text
+
+
+def _frontend_pid(served) -> int:  # noqa: ANN001
+    for pid in descendants(served.process.pid):
+        argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+        if argv[1:3] == ["-m", "server"]:
+            return pid
+    raise AssertionError("no frontend process")
+
+
+def _peak_rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) / 1024
+
+
+def test_four_maximum_size_prompts_at_once_cost_the_frontend_little(served):
+    """A text that cannot fit the context is refused before it is tokenized (a 4 MB prompt
+    took the frontend from 432 MB to 1.3 GB; four at once to 4.2 GB)."""
+    pid = _frontend_pid(served)
+    before = _peak_rss_mib(pid)
+    prompt = "ledger " * 570_000  # ~4 MB, under the 4 MiB body limit
+
+    async def four() -> list[httpx.Response]:
+        headers = {"Authorization": f"Bearer {KEY_A}"}
+        async with httpx.AsyncClient(base_url=served.url, headers=headers, timeout=120) as c:
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
+            return await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(4)))
+
+    replies = asyncio.run(four())
+    for reply in replies:
+        assert reply.status_code == 400, reply.text[:300]
+        assert reply.json()["error"]["code"] == "context_length_exceeded"
+    assert _peak_rss_mib(pid) - before < 1024
