@@ -86,6 +86,21 @@ FLAGS: tuple[Flag, ...] = (
     _f("--max-stop-strings", [FRONTEND], "most stop strings per request", type=int, default=16),
     _f("--max-stop-string-length", [FRONTEND], "longest stop string", type=int, default=256),
     _f(
+        "--limit-concurrency",
+        [FRONTEND],
+        "most connections and requests the frontend holds at once; past it, new ones get 503 "
+        "(slow or idle clients cannot exhaust its file descriptors; uvicorn's name)",
+        type=int,
+        default=1000,
+    ),
+    _f(
+        "--timeout-keep-alive",
+        [FRONTEND],
+        "seconds an idle kept-alive connection stays open (uvicorn's name)",
+        type=int,
+        default=5,
+    ),
+    _f(
         "--max-embedding-inputs",
         [FRONTEND],
         "most inputs of one embeddings request",

@@ -16,6 +16,10 @@ from server.app import build_app
 from server.limits import Limits
 from server.settings import Settings
 
+# Request line and headers together: larger is refused instead of buffered (nginx and
+# most proxies allow 8-16 KiB).
+H11_MAX_HEADER_BYTES = 16 * 1024
+
 
 def read_api_keys(args: argparse.Namespace) -> list[str]:
     keys = list(args.api_key)
@@ -50,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_config=None,
         log_level=args.log_level,
         timeout_graceful_shutdown=args.shutdown_timeout,
+        limit_concurrency=args.limit_concurrency,
+        timeout_keep_alive=args.timeout_keep_alive,
+        h11_max_incomplete_event_size=H11_MAX_HEADER_BYTES,
     )
 
 
