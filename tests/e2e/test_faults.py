@@ -185,7 +185,7 @@ def test_full_queue_is_429_with_retry_after(tmp_path):
 
         def call() -> None:
             statuses.append(
-                httpx.post(f"{served.url}/v1/completions", json=body, timeout=120).status_code
+                httpx.post(f"{served.url}/v1/completions", json=body, timeout=300).status_code
             )
 
         threads = [threading.Thread(target=call) for _ in range(2)]
@@ -196,7 +196,7 @@ def test_full_queue_is_429_with_retry_after(tmp_path):
         assert reply.status_code == 429 and reply.headers["retry-after"]
         assert reply.json()["error"]["type"] == "rate_limit_error"
         for t in threads:
-            t.join(120)
+            t.join(300)  # 800 tokens one after the other: slow on a loaded 2-core machine
         assert statuses == [200, 200]
     finally:
         served.stop()
