@@ -248,7 +248,9 @@ def serve(argv: Sequence[str]) -> int:
             _spawn(
                 "frontend",
                 "server",
-                to_argv(args, FRONTEND)
+                # serve's --metrics-port is the scheduler's: its frontend keeps /metrics on
+                # the HTTP port
+                to_argv(args, FRONTEND, skip=("--metrics-port",))
                 + ["--scheduler", scheduler_addr]
                 + [a for m in required for a in ("--require-model", m)],
                 to_env(args, FRONTEND),

@@ -251,13 +251,15 @@ FLAGS: tuple[Flag, ...] = (
     ),
     _f(
         "--metrics-port",
-        [SCHEDULER, WORKER],
-        "Prometheus port (serve: scheduler here, worker i at +1+i)",
+        [FRONTEND, SCHEDULER, WORKER],
+        "Prometheus port (serve: scheduler here, worker i at +1+i); the frontend serves "
+        "/metrics on its HTTP port (behind --api-key) and, with this set, also here without "
+        "a key, for a Prometheus on an internal network",
         type=int,
     ),
     _f(
         "--metrics-host",
-        [SCHEDULER, WORKER],
+        [FRONTEND, SCHEDULER, WORKER],
         "address the Prometheus endpoint binds (loopback, like every other port by default; "
         "0.0.0.0 where a Prometheus on another host scrapes it)",
         default="127.0.0.1",
@@ -432,12 +434,14 @@ def fill_list_defaults(args: argparse.Namespace, flags: Iterable[Flag]) -> None:
             setattr(args, flag.dest, _env_default(flag) or [])
 
 
-def to_argv(args: argparse.Namespace, service: str) -> list[str]:
-    """Turn parsed values back into a command line for one service (used by `kvledger serve`)."""
+def to_argv(args: argparse.Namespace, service: str, skip: Iterable[str] = ()) -> list[str]:
+    """Turn parsed values back into a command line for one service (used by `kvledger serve`),
+    without the flags named in `skip` (serve sets those per process)."""
     argv: list[str] = []
+    skipped = set(skip)
     for flag in flags_for(service):
         value = getattr(args, flag.dest, None)
-        if value is None or flag.secret:
+        if value is None or flag.secret or flag.name in skipped:
             continue
         if flag.kind == "bool":
             argv.append(flag.name if value else "--no-" + flag.name[2:])

@@ -47,6 +47,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse(FRONTEND, argv, "kvledger frontend: OpenAI-compatible HTTP API")
     setup_logging("frontend", args.log_level, args.log_format)
     app = build_app(settings_from_args(args))
+    if args.metrics_port is not None:
+        # /metrics without a key, apart from the API: for a Prometheus on an internal network
+        prometheus_client.start_http_server(
+            args.metrics_port, addr=args.metrics_host, registry=app.state.registry
+        )
     uvicorn.run(
         app,
         host=args.host,

@@ -87,7 +87,8 @@ def test_addresses_ports_and_healthchecks_agree(profile):
         if svc.service == FRONTEND:
             assert a.host == "0.0.0.0"
             assert (port, path) == (a.port, "/health")
-            assert container_ports(svc.spec) == [a.port]
+            assert container_ports(svc.spec) == [a.port], "its metrics port is not published"
+            assert a.metrics_port is not None and a.metrics_host == "0.0.0.0"
         else:
             assert (port, path) == (a.metrics_port, "/metrics"), name
             assert a.metrics_host == "0.0.0.0", f"{name}: Prometheus scrapes from its container"
@@ -101,10 +102,8 @@ def test_addresses_ports_and_healthchecks_agree(profile):
 @pytest.mark.parametrize("profile", PROFILES)
 def test_prometheus_scrapes_every_service_and_only_them(profile):
     services, args = _by_service(profile)
-    expected = set()
-    for name, svc in services.items():
-        a = args[name]
-        expected.add((name, a.port if svc.service == FRONTEND else a.metrics_port))
+    # every service at its metrics port, the frontend's too (no API key needed there)
+    expected = {(name, args[name].metrics_port) for name in services}
     listed = {t for targets in scrape_targets().values() for t in targets}
     assert expected <= listed, f"not scraped: {expected - listed}"
     every = {(n, 0) for n in kv_services("gpu")}
@@ -115,9 +114,8 @@ def test_prometheus_scrapes_every_service_and_only_them(profile):
 
 def test_metrics_ports_are_unique_so_the_stack_can_also_run_on_one_host():
     services, args = _by_service("gpu")
-    ports = [
-        args[n].port if s.service == FRONTEND else args[n].metrics_port for n, s in services.items()
-    ]
+    ports = [args[n].metrics_port for n in services]
+    ports += [args[n].port for n, s in services.items() if s.service == FRONTEND]
     assert len(ports) == len(set(ports))
 
 

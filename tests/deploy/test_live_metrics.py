@@ -37,7 +37,9 @@ def local_targets(stack) -> dict[tuple[str, int], str]:
     """prometheus.yml target -> this stack's loopback address (`kvledger serve` runs one worker
     of --model: the compose file's `worker`; the embedding and GPU workers are not started)."""
     return {
-        ("frontend", 8000): f"127.0.0.1:{stack.port}",
+        # compose's frontend metrics port; `kvledger serve`'s frontend serves them on its
+        # HTTP port, open here since this stack has no API key
+        ("frontend", 9404): f"127.0.0.1:{stack.port}",
         ("scheduler", 9400): f"127.0.0.1:{stack.metrics_port}",
         ("worker", 9401): f"127.0.0.1:{stack.metrics_port + 1}",
     }

@@ -19,7 +19,7 @@ from tests.deploy.compose import KvService, kv_services, parse_service
 from tests.serving import REPO, free_port
 
 # The flags through which each service binds a port.
-PORT_FLAGS = {FRONTEND: ("port",), SCHEDULER: ("grpc_port", "metrics_port")}
+PORT_FLAGS = {FRONTEND: ("port", "metrics_port"), SCHEDULER: ("grpc_port", "metrics_port")}
 PORT_ENV = {"KVLEDGER_PORT", "KVLEDGER_GRPC_PORT", "KVLEDGER_METRICS_PORT"}
 BIND_ENV = ("KVLEDGER_HOST", "KVLEDGER_GRPC_HOST")
 

@@ -9,11 +9,15 @@ import contextlib
 import json
 import logging
 import math
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 
 import grpc
+import httpx
 import pytest
 from httpx import ASGITransport, AsyncClient
 
@@ -22,7 +26,7 @@ from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
 from server import client as client_module
 from server.app import Settings, build_app
 from tests.service.test_links import PositionRunner, ledger_idle, running_scheduler, wait_for
-from tests.serving import free_port
+from tests.serving import REPO, free_port
 from worker.batch import SeqChunk
 from worker.executor import Executor
 from worker.link import WorkerLinkClient
@@ -376,3 +380,44 @@ def test_infinite_logprobs_are_clamped_as_vllm_does(scheduler, model_dir):
     for top in tops:  # the NaN alternative is left out: the values are numbers
         # two alternatives, and the sampled token (a position token, none of them)
         assert sorted(top.values()) == [-9999.0, -9999.0, -0.5]
+
+
+def test_the_metrics_port_serves_metrics_without_a_key_while_the_api_port_needs_one(tmp_path):
+    """With API keys, Prometheus (compose's, on the internal network) scrapes the frontend's
+    metrics port; the HTTP port's /metrics stays behind the key."""
+    port, metrics_port = free_port(), free_port()
+    env = dict(os.environ, KVLEDGER_API_KEY="k")
+    argv = [
+        sys.executable,
+        "-m",
+        "server",
+        "--port",
+        str(port),
+        "--metrics-port",
+        str(metrics_port),
+    ]
+    argv += ["--scheduler", f"127.0.0.1:{free_port()}"]
+    with open(tmp_path / "frontend.log", "wb") as log:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, (tmp_path / "frontend.log").read_text()
+                time.sleep(0.2)
+        assert scraped.status_code == 200 and "kvledger_http_requests_total" in scraped.text
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                keyed = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert keyed.status_code == 401
+    finally:
+        proc.terminate()
+        proc.wait(30)
