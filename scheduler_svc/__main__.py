@@ -12,11 +12,11 @@ from collections.abc import Sequence
 import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import start_http_server
 
 from kvledger.flags import SCHEDULER, parse
 from kvledger.grpc_auth import BearerServerInterceptor
 from kvledger.log import setup_logging
+from kvledger.metrics_http import start_metrics_server
 from kvledger.rpc import SERVER_OPTIONS
 from protos import frontend_pb2_grpc, worker_pb2_grpc
 from scheduler_svc.engine import Engine, EngineConfig
@@ -32,7 +32,7 @@ async def start(
     """Starts the gRPC server (and the metrics endpoint); returns once it accepts calls."""
     engine = Engine(EngineConfig.from_args(args))
     if metrics:
-        start_http_server(args.metrics_port, addr=args.metrics_host, registry=engine.registry)
+        start_metrics_server(args.metrics_port, addr=args.metrics_host, registry=engine.registry)
 
     interceptors = []
     if args.frontend_auth_token:

@@ -12,6 +12,7 @@ import uvicorn
 
 from kvledger.flags import FRONTEND, parse
 from kvledger.log import setup_logging
+from kvledger.metrics_http import start_metrics_server
 from server.app import build_app
 from server.limits import Limits
 from server.settings import Settings
@@ -49,9 +50,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     app = build_app(settings_from_args(args))
     if args.metrics_port is not None:
         # /metrics without a key, apart from the API: for a Prometheus on an internal network
-        prometheus_client.start_http_server(
-            args.metrics_port, addr=args.metrics_host, registry=app.state.registry
-        )
+        start_metrics_server(args.metrics_port, addr=args.metrics_host, registry=app.state.registry)
     uvicorn.run(
         app,
         host=args.host,

@@ -9,10 +9,10 @@ import sys
 from collections.abc import Sequence
 
 import prometheus_client
-from prometheus_client import start_http_server
 
 from kvledger.flags import WORKER, parse
 from kvledger.log import setup_logging
+from kvledger.metrics_http import start_metrics_server
 from kvledger.models import resolve_model
 from kvledger.shutdown import Stopper
 from protos import frontend_pb2, worker_pb2
@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         embedding_size=runner.embedding_size,
     )
     metrics = WorkerMetrics(name, worker_id)
-    start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
+    start_metrics_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
     log.info(
         "worker %s: model %s (%s), %d KV blocks of %d tokens, metrics on :%d",
         worker_id,
