@@ -14,6 +14,7 @@ from kvledger.flags import FRONTEND, parse
 from kvledger.log import setup_logging
 from kvledger.metrics_http import start_metrics_server
 from server.app import build_app
+from server.chat_template import ChatTemplateError, check_chat_template
 from server.limits import Limits
 from server.settings import Settings
 
@@ -38,9 +39,20 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         require_models=args.require_model,
         metrics_public=args.metrics_public,
         limits=limits,
-        chat_template=args.chat_template,
+        chat_template=checked_chat_template(args.chat_template),
         scheduler_auth_token=args.frontend_auth_token,
     )
+
+
+def checked_chat_template(value: str | None) -> str | None:
+    """--chat-template as given, once it names a file or parses as a template: otherwise the
+    frontend does not start (one line saying why), rather than failing every chat request."""
+    if value is not None:
+        try:
+            check_chat_template(value)
+        except ChatTemplateError as err:
+            raise SystemExit(f"--chat-template (KVLEDGER_CHAT_TEMPLATE): {err}") from None
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> None:

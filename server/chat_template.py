@@ -34,6 +34,8 @@ SPECIAL_TOKEN_NAMES = (
 )
 # Appended to the final message with continue_final_message, and cut off with what follows.
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+# vLLM's test: a --chat-template value holding none of these is meant as a file path.
+TEMPLATE_CHARS = "{}\n"
 
 
 class ChatTemplateError(ValueError):
@@ -150,14 +152,26 @@ def load_chat_template(model_dir: str | Path, override: str | None = None) -> Ch
     return ChatTemplate(source, specials) if source else None
 
 
+def check_chat_template(override: str) -> None:
+    """--chat-template, checked before the server starts (as vLLM checks it): a file that
+    exists, or template text that parses. Found only when rendering, a typo'd path became the
+    prompt of every chat request, and a broken template a 400 for every client."""
+    _compiled(_template_text(override))
+
+
 def _template_text(override: str) -> str:
-    """vLLM's rule: an existing file is read; anything else is the template itself."""
+    """vLLM's rule: an existing file is read; anything else is the template itself, unless it
+    has neither braces nor a newline: that is a path to a file that is not there, refused."""
     path = Path(override).expanduser()
     try:
         if path.is_file():
             return path.read_text()
     except OSError:  # a long template text is not a valid path
         pass
+    if not any(c in override for c in TEMPLATE_CHARS):
+        raise ChatTemplateError(
+            f"{override!r} is not a file (and, with no braces or newline, not a template)"
+        )
     return override
 
 

@@ -15,7 +15,7 @@ from kvledger.models import resolve_model
 from protos import frontend_pb2
 from server.chat_prompt import chat_prompt
 from server.chat_protocol import ChatMessage, ChatTemplateOptions
-from server.chat_template import ChatTemplateError, load_chat_template
+from server.chat_template import ChatTemplateError, check_chat_template, load_chat_template
 from server.client import ServedModel
 from server.errors import APIError
 
@@ -159,3 +159,17 @@ def test_template_sources(model_dir, tmp_path):
     with pytest.raises(APIError) as err:
         chat_prompt([ChatMessage(role="user", content="x")], ChatTemplateOptions(), bare)
     assert err.value.status == 400 and "--chat-template" in err.value.message
+
+
+def test_a_chat_template_flag_that_is_neither_a_file_nor_a_template_is_refused(model_dir, tmp_path):
+    """vLLM's rule: with no braces and no newline, the value is a path; one that is not there
+    is refused, never rendered as the prompt of every chat request."""
+    typo = str(tmp_path / "templates" / "chat.jinja")
+    with pytest.raises(ChatTemplateError, match="not a file"):
+        check_chat_template(typo)
+    with pytest.raises(ChatTemplateError, match="not a file"):
+        load_chat_template(model_dir, typo)
+    with pytest.raises(ChatTemplateError, match="does not parse"):
+        check_chat_template("{% for m in messages %}")
+    check_chat_template("plain text\n")  # a newline: the template itself, however plain
+    check_chat_template(str(FIXTURES / "llama3.jinja"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvledger.flags import FRONTEND, parse
 from server.__main__ import settings_from_args
 
@@ -23,3 +25,17 @@ def test_limits_follow_their_flags():
     )
     limits = settings_from_args(args).limits
     assert (limits.max_n, limits.max_stop_strings, limits.max_request_body_bytes) == (3, 2, 1000)
+
+
+def test_a_bad_chat_template_stops_the_frontend_before_it_serves(tmp_path):
+    """A path that is not there (a typo) or a template that does not parse: one line naming
+    the flag, at startup, instead of a prompt made of the path or a 400 for every chat."""
+    template = tmp_path / "chat.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    for good in (str(template), template.read_text()):
+        args = parse(FRONTEND, ["--chat-template", good], "t")
+        assert settings_from_args(args).chat_template == good
+    for bad, why in [(str(tmp_path / "chat.jija"), "not a file"), ("{% if %}", "does not parse")]:
+        with pytest.raises(SystemExit) as stopped:
+            settings_from_args(parse(FRONTEND, ["--chat-template", bad], "t"))
+        assert str(stopped.value).startswith("--chat-template") and why in str(stopped.value)
