@@ -55,10 +55,12 @@ def _plain(message: ChatMessage, index: int) -> dict[str, Any]:
         texts = []
         for j, part in enumerate(message.content):
             if part.type != "text" or part.text is None:
+                what = f"content of type `{part.type}` is not supported"
+                if part.type == "text":
+                    what = "a text part has no `text`"
                 raise APIError(
                     400,
-                    f"messages[{index}].content[{j}]: content of type `{part.type}` is not "
-                    "supported; this server serves text only "
+                    f"messages[{index}].content[{j}]: {what}; this server serves text only "
                     '(`{"type": "text", "text": ...}`)',
                     param=f"messages.{index}.content",
                 )

@@ -115,6 +115,10 @@ def test_text_parts_are_joined_and_other_parts_refused(model_dir):
     with pytest.raises(APIError) as err:
         chat_prompt([image], options, model)
     assert err.value.status == 400 and "image_url" in err.value.message
+    untexted = ChatMessage(role="user", content=[{"type": "text"}])
+    with pytest.raises(APIError) as err:
+        chat_prompt([untexted], options, model)
+    assert "a text part has no `text`" in err.value.message  # not "`text` is not supported"
 
 
 def test_raise_exception_is_a_400_with_the_templates_message(model_dir):
