@@ -177,3 +177,25 @@ def test_a_chat_template_flag_that_is_neither_a_file_nor_a_template_is_refused(m
         check_chat_template("{% for m in messages %}")
     check_chat_template("plain text\n")  # a newline: the template itself, however plain
     check_chat_template(str(FIXTURES / "llama3.jinja"))
+
+
+def test_chat_template_kwargs_reach_the_template_as_transformers_passes_them(
+    model_dir, hf_tokenizer
+):
+    """A template's own switches (Qwen3's `enable_thinking`, say) come from
+    chat_template_kwargs, which may also override a special token, as transformers' kwargs do."""
+    source = "{% if enable_thinking %}<think>{% endif %}{{ bos_token }}{{ messages[0]['content'] }}"
+    model = ServedModel(
+        frontend_pb2.ModelInfo(name="m", max_model_len=2048, vocab_size=30522),
+        Tokenizer.from_file(str(model_dir / "tokenizer.json")),
+        load_chat_template(model_dir, source),
+    )
+    conversation = [{"role": "user", "content": "hi"}]
+    for kwargs in ({}, {"enable_thinking": True}, {"bos_token": "[SEP]"}):
+        options = ChatTemplateOptions(chat_template_kwargs=kwargs)
+        ours = chat_prompt([ChatMessage(**m) for m in conversation], options, model)
+        theirs = hf_tokenizer.apply_chat_template(
+            conversation, chat_template=source, tokenize=False, **kwargs
+        )
+        assert model.chat_template.render(conversation, extra=kwargs) == theirs
+        assert ours == hf_tokenizer.encode(theirs, add_special_tokens=False)
