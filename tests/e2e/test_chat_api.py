@@ -130,6 +130,23 @@ def test_logprobs_in_the_chat_shape(client, stream):
         assert all(t.bytes == list(t.token.encode()) for t in entry.top_logprobs)
 
 
+@pytest.mark.parametrize("top", [None, 0, 20])
+def test_top_logprobs_range_from_0_to_20_and_the_entry_shape(http, top):
+    """Without top_logprobs, or with 0, each entry's alternatives are an empty list; with 20,
+    twenty; each entry is exactly OpenAI's (`token`, `logprob`, `bytes`, `top_logprobs`)."""
+    body = greedy(max_tokens=3, logprobs=True, ignore_eos=True)
+    if top is not None:
+        body["top_logprobs"] = top
+    reply = http.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    entries = reply.json()["choices"][0]["logprobs"]["content"]
+    assert len(entries) == 3
+    for entry in entries:
+        assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}
+        assert len(entry["top_logprobs"]) == (top or 0)
+        assert all(set(t) == {"token", "logprob", "bytes"} for t in entry["top_logprobs"])
+
+
 def test_a_second_turn_reuses_the_first_turns_blocks(client):
     first = client.chat.completions.create(**greedy(max_tokens=6))
     answer = first.choices[0].message.content
@@ -154,12 +171,24 @@ def test_stop_strings_and_max_completion_tokens(client):
         **greedy(max_tokens=None, max_completion_tokens=3, extra_body={"ignore_eos": True})
     )
     assert three.usage.completion_tokens == 3
+    # OpenAI's newer name wins over the older one when a client sends both (as vLLM reads them)
+    both = client.chat.completions.create(
+        **greedy(max_tokens=8, max_completion_tokens=2, extra_body={"ignore_eos": True})
+    )
+    assert both.usage.completion_tokens == 2
+
+
+def test_response_format_text_is_accepted(client):
+    """`text` is what this server answers anyway; only the other formats are refused."""
+    out = client.chat.completions.create(**greedy(max_tokens=2, response_format={"type": "text"}))
+    assert out.choices[0].finish_reason in ("stop", "length")
 
 
 REFUSED = [
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"functions": [{"name": "f"}]}, "functions"),
+    ({"function_call": "auto"}, "function_call"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ({"model": EMBEDDING_MODEL}, "model"),
