@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from server.chat_protocol import ChatMessage, ChatTemplateOptions
-from server.chat_template import ChatTemplateError
+from server.chat_template import ChatTemplate, ChatTemplateError
 from server.client import ServedModel
 from server.errors import APIError
 from server.tokens import check_text_fits
@@ -14,15 +14,7 @@ from server.tokens import check_text_fits
 def chat_prompt(
     messages: list[ChatMessage], options: ChatTemplateOptions, model: ServedModel
 ) -> list[int]:
-    template = model.chat_template
-    if template is None:
-        raise APIError(
-            400,
-            f"model `{model.name}` has no chat template (neither `chat_template` in its "
-            "tokenizer_config.json nor a chat_template.jinja): start the server with "
-            "--chat-template (a file or the template text), or use /v1/completions",
-            param="messages",
-        )
+    template = _template_of(model)
     if options.add_generation_prompt and options.continue_final_message:
         raise APIError(
             400,
@@ -45,6 +37,26 @@ def chat_prompt(
     if not ids:
         raise APIError(400, "the messages render to an empty prompt", param="messages")
     return ids
+
+
+def _template_of(model: ServedModel) -> ChatTemplate:
+    """The model's template, or a 400 saying what would give it one: --chat-template, except
+    for an embedding model, which never takes one (the flag would not help)."""
+    if model.is_embedding:
+        raise APIError(
+            400,
+            f"model `{model.name}` is an embedding model: it has no chat template",
+            param="model",
+        )
+    if model.chat_template is None:
+        raise APIError(
+            400,
+            f"model `{model.name}` has no chat template (neither `chat_template` in its "
+            "tokenizer_config.json nor a chat_template.jinja): start the server with "
+            "--chat-template (a file or the template text), or use /v1/completions",
+            param="messages",
+        )
+    return model.chat_template
 
 
 def _plain(message: ChatMessage, index: int) -> dict[str, Any]:

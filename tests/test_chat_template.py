@@ -165,6 +165,17 @@ def test_template_sources(model_dir, tmp_path):
     assert err.value.status == 400 and "--chat-template" in err.value.message
 
 
+def test_an_embedding_model_is_not_sent_to_the_chat_template_flag(model_dir):
+    """/tokenize with messages on an embedding model: the flag gives embedding models no
+    template, so the 400 names the model, not --chat-template."""
+    info = frontend_pb2.ModelInfo(name="e", kind=frontend_pb2.MODEL_KIND_EMBED)
+    embedder = ServedModel(info, Tokenizer.from_file(str(model_dir / "tokenizer.json")))
+    with pytest.raises(APIError) as err:
+        chat_prompt([ChatMessage(role="user", content="x")], ChatTemplateOptions(), embedder)
+    assert err.value.status == 400 and err.value.param == "model"
+    assert "embedding model" in err.value.message and "--chat-template" not in err.value.message
+
+
 def test_a_chat_template_flag_that_is_neither_a_file_nor_a_template_is_refused(model_dir, tmp_path):
     """vLLM's rule: with no braces and no newline, the value is a path; one that is not there
     is refused, never rendered as the prompt of every chat request."""
