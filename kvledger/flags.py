@@ -236,9 +236,10 @@ FLAGS: tuple[Flag, ...] = (
     _f(
         "--attention-backend",
         [WORKER],
-        "paged attention kernel (auto: flash_attn on CUDA when importable, else torch)",
+        "paged attention kernel (auto: flash_attn on CUDA when importable; on CPU the "
+        "compiled paged kernel, cpu, when it builds; else torch, the reference)",
         default="auto",
-        choices=("auto", "torch", "flash_attn"),
+        choices=("auto", "torch", "cpu", "flash_attn"),
     ),
     _f("--seed", [WORKER], "base random seed", type=int, default=0),
     _f("--worker-id", [WORKER], "name of this worker (default: host-pid)"),

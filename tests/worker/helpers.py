@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from worker.attention.base import AttentionBackend
 from worker.batch import SeqChunk
 from worker.model_runner import ModelRunner
 
@@ -116,3 +117,40 @@ def hf_logprobs(path: Path, tokens: list[int]) -> torch.Tensor:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
         return torch.log_softmax(model(torch.tensor([tokens])).logits[0].float(), dim=-1)
+
+
+def use_backend(runner: ModelRunner, backend: AttentionBackend) -> ModelRunner:
+    runner.backend = backend
+    for layer in runner.model.attention_layers():
+        layer.backend = backend
+    return runner
+
+
+def run_mixed(runner: ModelRunner) -> torch.Tensor:
+    """A decode-only step, then one mixed step: a fresh prefill, a chunk over a cached prefix,
+    two decodes of different lengths, and a request hitting a block written in this step."""
+    bs = runner.block_size
+    prompts = {
+        name: random_tokens(n, 256, seed=60 + i)
+        for i, (name, n) in enumerate([("p", 20), ("c", 45), ("d1", 30), ("d2", 3), ("s", 20)])
+    }
+    prompts["s"] = prompts["p"][:bs] + prompts["s"]  # shares p's first block
+    tables: dict[str, list[int]] = {}
+    free = iter(range(runner.num_blocks))
+    for name in ("p", "c", "d1", "d2", "s"):
+        tables[name] = [next(free) for _ in range(-(-len(prompts[name]) // bs))]
+    tables["s"][0] = tables["p"][0]
+    prior = {"c": 29, "d1": 28, "d2": 1}
+    runner.execute([SeqChunk(n, prompts[n][:k], 0, tables[n], False) for n, k in prior.items()])
+    decodes = runner.logits_for(
+        [SeqChunk(n, [prompts[n][k]], k, tables[n], True) for n, k in (("d1", 28), ("d2", 1))]
+    )
+    mixed = [
+        SeqChunk("d1", prompts["d1"][29:], 29, tables["d1"], True),
+        SeqChunk("p", prompts["p"], 0, tables["p"], True),
+        SeqChunk("c", prompts["c"][29:], 29, tables["c"], True),
+        SeqChunk("d2", prompts["d2"][2:], 2, tables["d2"], True),
+        # same-step sharing: reads p's first block, which p writes in this very step
+        SeqChunk("s", prompts["s"][bs:], bs, tables["s"], True),
+    ]
+    return torch.cat([decodes, runner.logits_for(mixed, all_tokens=True)])

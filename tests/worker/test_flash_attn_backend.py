@@ -15,10 +15,9 @@ import pytest
 import torch
 
 from tests.worker import flash_attn_standin as standin
-from tests.worker.helpers import make_runner, random_tokens
+from tests.worker.helpers import make_runner, random_tokens, run_mixed, use_backend
 from worker.attention import flash_attn_backend as fa
 from worker.attention import get_backend
-from worker.attention.base import AttentionBackend
 from worker.attention.flash_attn_backend import FlashAttention, FlashAttnUnsupported
 from worker.attention.torch_backend import TorchAttention
 from worker.batch import SeqChunk
@@ -33,13 +32,6 @@ def flash_attn(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(sys.modules, "flash_attn", standin.module())
     monkeypatch.setattr(standin, "calls", {"varlen": 0, "kvcache": 0})
     return standin
-
-
-def use_backend(runner: ModelRunner, backend: AttentionBackend) -> ModelRunner:
-    runner.backend = backend
-    for layer in runner.model.attention_layers():
-        layer.backend = backend
-    return runner
 
 
 def test_standin_follows_the_documented_masks() -> None:
@@ -60,36 +52,6 @@ def test_standin_follows_the_documented_masks() -> None:
     assert torch.equal(out[:3], torch.zeros(3, 2, 8)), "rows with nothing visible are zero"
     # window (1, 0) around i + sk - sq: query 1 of (2 queries, 5 keys) sees keys 3 and 4
     assert standin.visibility(2, 5, True, (1, 0))[1].nonzero().flatten().tolist() == [3, 4]
-
-
-def run_mixed(runner: ModelRunner) -> torch.Tensor:
-    """A decode-only step, then one mixed step: a fresh prefill, a chunk over a cached prefix,
-    two decodes of different lengths, and a request hitting a block written in this step."""
-    bs = runner.block_size
-    prompts = {
-        name: random_tokens(n, 256, seed=60 + i)
-        for i, (name, n) in enumerate([("p", 20), ("c", 45), ("d1", 30), ("d2", 3), ("s", 20)])
-    }
-    prompts["s"] = prompts["p"][:bs] + prompts["s"]  # shares p's first block
-    tables: dict[str, list[int]] = {}
-    free = iter(range(runner.num_blocks))
-    for name in ("p", "c", "d1", "d2", "s"):
-        tables[name] = [next(free) for _ in range(-(-len(prompts[name]) // bs))]
-    tables["s"][0] = tables["p"][0]
-    prior = {"c": 29, "d1": 28, "d2": 1}
-    runner.execute([SeqChunk(n, prompts[n][:k], 0, tables[n], False) for n, k in prior.items()])
-    decodes = runner.logits_for(
-        [SeqChunk(n, [prompts[n][k]], k, tables[n], True) for n, k in (("d1", 28), ("d2", 1))]
-    )
-    mixed = [
-        SeqChunk("d1", prompts["d1"][29:], 29, tables["d1"], True),
-        SeqChunk("p", prompts["p"], 0, tables["p"], True),
-        SeqChunk("c", prompts["c"][29:], 29, tables["c"], True),
-        SeqChunk("d2", prompts["d2"][2:], 2, tables["d2"], True),
-        # same-step sharing: reads p's first block, which p writes in this very step
-        SeqChunk("s", prompts["s"][bs:], bs, tables["s"], True),
-    ]
-    return torch.cat([decodes, runner.logits_for(mixed, all_tokens=True)])
 
 
 @pytest.mark.parametrize(("name", "block_size"), [("llama", BS), ("mistral_window", 8)])

@@ -6,7 +6,9 @@ import logging
 
 import torch
 
+from worker.attention import cpu_kernel
 from worker.attention.base import AttentionBackend, AttentionMetadata
+from worker.attention.cpu_backend import CpuPagedAttention
 from worker.attention.flash_attn_backend import (
     FlashAttention,
     FlashAttnUnsupported,
@@ -16,7 +18,7 @@ from worker.attention.torch_backend import TorchAttention
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "torch", "flash_attn")
+BACKENDS = ("auto", "torch", "cpu", "flash_attn")
 
 
 def get_backend(
@@ -26,10 +28,13 @@ def get_backend(
     block_size: int = 16,
     device: torch.device | None = None,
 ) -> AttentionBackend:
-    """`auto`: flash_attn on a CUDA device where it can run, else torch (saying why)."""
+    """`auto`: flash_attn on a CUDA device where it can run; on CPU the compiled paged kernel
+    where it builds; else torch (saying why)."""
     device = device or torch.device("cpu")
     if name == "torch":
         return TorchAttention()
+    if name == "cpu":
+        return _cpu_backend(device, strict=True)
     if name == "flash_attn":
         check_flash_attn(dtype, block_size, device)
         return FlashAttention()
@@ -40,13 +45,30 @@ def get_backend(
                 return FlashAttention()
             except FlashAttnUnsupported as err:
                 log.warning("attention backend auto: %s; using torch", err)
-        return TorchAttention()
+            return TorchAttention()
+        return _cpu_backend(device, strict=False)
     raise ValueError(f"unknown attention backend {name!r} (available: {', '.join(BACKENDS)})")
+
+
+def _cpu_backend(device: torch.device, strict: bool) -> AttentionBackend:
+    """The compiled CPU kernel; where it cannot run, an error (`cpu` asked by name) or the
+    torch reference with a warning (`auto`)."""
+    problem = "it runs on CPU only" if device.type != "cpu" else None
+    kernel = None if problem else cpu_kernel.load()
+    if isinstance(kernel, str):
+        problem = kernel
+    if problem is None:
+        return CpuPagedAttention(kernel.paged_decode)
+    if strict:
+        raise ValueError(f"attention backend cpu: {problem}")
+    log.warning("attention backend auto: %s; using torch", problem)
+    return TorchAttention()
 
 
 __all__ = [
     "AttentionBackend",
     "AttentionMetadata",
+    "CpuPagedAttention",
     "FlashAttention",
     "FlashAttnUnsupported",
     "TorchAttention",

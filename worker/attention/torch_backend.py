@@ -13,6 +13,7 @@ took ~0.8 ms a layer for 16 decoding sequences of 600 tokens, against ~0.16 ms t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +66,7 @@ class Gather:
 class TorchPlan:
     slot_mapping: torch.Tensor
     prefills: list[PrefillSeq]
-    decode: DecodeGroup | None
+    decode: Any  # DecodeGroup here; each backend's own group (see decode_group)
 
 
 class TorchAttention(AttentionBackend):
@@ -84,8 +85,23 @@ class TorchAttention(AttentionBackend):
             else:
                 prefills.append(_prefill_seq(meta, i, q_start, device))
             q_start += q_len
-        decode = _decode_group(meta, decode_seqs, decode_rows, device) if decode_seqs else None
+        decode = self.decode_group(meta, decode_seqs, decode_rows) if decode_seqs else None
         return TorchPlan(meta.slot_mapping, prefills, decode)
+
+    def decode_group(self, meta: AttentionMetadata, seqs: list[int], rows: list[int]) -> Any:
+        """What the decode rows of every layer share (built once a step)."""
+        return _decode_group(meta, seqs, rows, meta.slot_mapping.device)
+
+    def attend_decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        group: Any,
+        scale: float,
+    ) -> torch.Tensor:
+        """[n, H, D]: the decode rows' attention over their contexts."""
+        return _attend_decode(q, k_cache, v_cache, group, scale)
 
     def forward(
         self,
@@ -102,7 +118,7 @@ class TorchAttention(AttentionBackend):
         for seq in plan.prefills:
             out[seq.q_start : seq.q_end] = _attend_prefill(q, k_cache, v_cache, seq, scale)
         if plan.decode is not None:
-            out[plan.decode.token_idx] = _attend_decode(q, k_cache, v_cache, plan.decode, scale)
+            out[plan.decode.token_idx] = self.attend_decode(q, k_cache, v_cache, plan.decode, scale)
         return out
 
 
