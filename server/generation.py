@@ -194,6 +194,17 @@ def _cut_at_stop(choice: Choice, stops: list[str]) -> bool:
 
 async def merged(generation: Generation, stub: frontend_pb2_grpc.SchedulerStub):  # noqa: ANN201
     """Runs every choice concurrently; yields the choice that changed, as it changes."""
+    if len(generation.choices) == 1:
+        # One choice (most requests): its stream is read here, with no task and queue between
+        # it and the response, which cost a task switch per token.
+        (choice,) = generation.choices
+        events = run_choice(stub, generation, choice)
+        try:
+            async for _ in events:
+                yield choice
+        finally:
+            await events.aclose()
+        return
     queue: asyncio.Queue[tuple[Choice, BaseException | None] | None] = asyncio.Queue()
 
     async def pump(choice: Choice) -> None:
