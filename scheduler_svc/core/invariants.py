@@ -58,8 +58,8 @@ def check_scheduler(scheduler: Scheduler) -> None:
         f"running requests {running_ids} are out of {scheduler.config.policy} order",
     )
     ensure(
-        scheduler.load == Counter(r.tenant for r in running),
-        f"running per tenant {dict(scheduler.load)} is not what runs",
+        scheduler.running_per_tenant == Counter(r.tenant for r in running),
+        f"running per tenant {dict(scheduler.running_per_tenant)} is not what runs",
     )
     if scheduler.config.policy == "fair":
         _check_fcfs_within_tenants(waiting)

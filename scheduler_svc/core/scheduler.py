@@ -47,8 +47,8 @@ class Scheduler:
         self.tracker = ComputedBlocksTracker(config, self.kv, self.stats, block_hasher)
         # Running requests per tenant (status RUNNING), kept at each change of status; the
         # fair queue reads it.
-        self.load: Counter[str] = Counter()
-        self.waiting = make_waiting_queue(config.policy, self.load)
+        self.running_per_tenant: Counter[str] = Counter()
+        self.waiting = make_waiting_queue(config.policy, self.running_per_tenant)
         self.running: list[Request] = []  # kept in policy order: served first at the front
         self.requests: dict[str, Request] = {}  # every live (waiting or running) request
         self._order = running_order(config.policy)
@@ -155,8 +155,8 @@ class Scheduler:
         self.kv.clear_cache(source)
         self.requests.clear()
         self.running = []
-        self.load.clear()
-        self.waiting = make_waiting_queue(self.config.policy, self.load)
+        self.running_per_tenant.clear()
+        self.waiting = make_waiting_queue(self.config.policy, self.running_per_tenant)
         self._stall = None
         self._dropped = []
         self._in_flight = []
@@ -248,7 +248,7 @@ class Scheduler:
         head = self.waiting.peek()
         if not stall.persists(head, len(self.running), self.kv.num_free_blocks):
             return  # another head, or room came back since: the pass decides afresh
-        victim = seat_for(head, self.running, self.load)
+        victim = seat_for(head, self.running, self.running_per_tenant)
         if victim is not None:
             self.running.pop()
             self._requeue(victim, "preempted")
@@ -518,7 +518,7 @@ class Scheduler:
         bump(self.stats.requests_finished, reason.value)
 
     def _count_running(self, request: Request, delta: int) -> None:
-        load, tenant = self.load, request.tenant
+        load, tenant = self.running_per_tenant, request.tenant
         load[tenant] += delta
         if not load[tenant]:
             del load[tenant]

@@ -126,7 +126,7 @@ def test_a_newcomer_takes_a_seat_from_the_tenant_holding_every_one(kv: bool) -> 
     assert out.dropped_request_ids == ["a3"] and [n.request_id for n in out.new] == ["b"]
     assert burst[3].status is RequestStatus.PREEMPTED and h.sched.stats.preemptions == 1
     assert ids(h.sched.running) == ["a0", "b", "a1", "a2"]
-    assert dict(h.sched.load) == {"A": 3, "B": 1}
+    assert dict(h.sched.running_per_tenant) == {"A": 3, "B": 1}
     h.step()
     h.step()
     assert h.finish_of("b") is not None and all(h.finish_of(r.request_id) is None for r in burst)
@@ -189,7 +189,7 @@ def test_a_drained_ledger_starts_even(kv: bool) -> None:
     h.add(*[request(f"a{i}", [i + 1] * 3, max_tokens=4, tenant="A") for i in range(3)])
     h.step()
     drained = h.sched.drain()
-    assert not h.sched.load and len(h.sched.waiting) == 0
+    assert not h.sched.running_per_tenant and len(h.sched.waiting) == 0
     h.worker.restart()
     h.pending.clear()
     for r in drained:
