@@ -137,9 +137,11 @@ FLAGS: tuple[Flag, ...] = (
     _f(
         "--scheduling-policy",
         [SCHEDULER],
-        "order of the waiting queue",
+        "who is served first: fcfs (first come, first served), priority (the request's "
+        "priority, lower first, as in vLLM), fair (tenants, one per API key, take turns; "
+        "a tenant's own requests in arrival order; a burst may lose seats to another tenant)",
         default="fcfs",
-        choices=("fcfs", "priority"),
+        choices=("fcfs", "priority", "fair"),
     ),
     _f(
         "--max-waiting-requests",

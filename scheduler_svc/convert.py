@@ -11,7 +11,39 @@ from scheduler_svc.core.output import (
     RequestUpdate,
     SchedulerOutput,
 )
+from scheduler_svc.core.request import Request
 from scheduler_svc.live import LiveRequest
+
+
+def request_from_generate(
+    req: frontend_pb2.GenerateRequest, eos_token_ids: Iterable[int]
+) -> Request:
+    """The ledger's view of a Generate call; the model's EOS ids come from its registration."""
+    return Request(
+        request_id=req.request_id,
+        prompt_token_ids=list(req.prompt_token_ids),
+        max_tokens=req.stop.max_tokens,
+        eos_token_ids=frozenset(eos_token_ids),
+        stop_token_ids=frozenset(req.stop.stop_token_ids),
+        ignore_eos=req.stop.ignore_eos,
+        min_tokens=req.stop.min_tokens,
+        priority=req.priority,
+        tenant=req.tenant,
+        cache_salt=req.cache_salt or None,
+        # Prompt logprobs need every prompt position computed: nothing read from the cache.
+        skip_prefix_cache=req.skip_prefix_cache or req.sampling.HasField("prompt_logprobs"),
+    )
+
+
+def request_from_embed_input(request_id: str, token_ids: list[int], tenant: str) -> Request:
+    """One input of an Embed call: a pass over its tokens, no output tokens."""
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=token_ids,
+        max_tokens=0,
+        tenant=tenant,
+        is_embedding=True,
+    )
 
 
 def _hashes(pairs: Iterable[BlockHashPair]) -> list[worker_pb2.BlockHash]:

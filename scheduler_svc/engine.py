@@ -13,6 +13,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Gauge
 
 from protos import frontend_pb2, worker_pb2
+from scheduler_svc.convert import request_from_embed_input, request_from_generate
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.request import FinishReason, Request
 from scheduler_svc.core.scheduler import Scheduler
@@ -312,30 +313,21 @@ class Engine:
         links = self._check_model(req.model, req.request_id, embed=False)
         reg = links[0].registration
         self._check_tokens(list(req.prompt_token_ids), reg)
-        core = Request(
-            request_id=req.request_id,
-            prompt_token_ids=list(req.prompt_token_ids),
-            max_tokens=req.stop.max_tokens,
-            eos_token_ids=frozenset(reg.eos_token_ids),
-            stop_token_ids=frozenset(req.stop.stop_token_ids),
-            ignore_eos=req.stop.ignore_eos,
-            min_tokens=req.stop.min_tokens,
-            priority=req.priority,
-            cache_salt=req.cache_salt or None,
-            # Prompt logprobs need every prompt position computed: nothing read from the cache.
-            skip_prefix_cache=req.skip_prefix_cache or req.sampling.HasField("prompt_logprobs"),
-        )
+        core = request_from_generate(req, reg.eos_token_ids)
         live = LiveRequest(core=core, model=req.model, sampling=req.sampling)
         return self._admit(live)
 
     def submit_embed(
-        self, request_id: str, model: str, token_ids: list[int], embed: worker_pb2.EmbedParams
+        self,
+        request_id: str,
+        model: str,
+        token_ids: list[int],
+        embed: worker_pb2.EmbedParams,
+        tenant: str = "",
     ) -> LiveRequest:
         links = self._check_model(model, request_id, embed=True)
         self._check_tokens(token_ids, links[0].registration)
-        core = Request(
-            request_id=request_id, prompt_token_ids=token_ids, max_tokens=0, is_embedding=True
-        )
+        core = request_from_embed_input(request_id, token_ids, tenant)
         live = LiveRequest(
             core=core, model=model, sampling=frontend_pb2.SamplingParams(), embed=embed
         )

@@ -67,6 +67,7 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
                         request.model,
                         list(item.ids),
                         params,
+                        request.tenant,
                     )
                 )
             response = frontend_pb2.EmbedResponse()

@@ -47,6 +47,15 @@ def tenant_salt(tenant_id: str, cache_salt: str | None) -> str:
     return hashlib.sha256(f"{tenant_id}\0{cache_salt or ''}".encode()).hexdigest()
 
 
+def tenant_tag(tenant_id: str) -> str:
+    """What the scheduler learns of a tenant (`GenerateRequest.tenant`, for the fair policy):
+    a tag to tell tenants apart, hashed again so that it gives away neither the API key nor
+    the tenant id that cache salts derive from. An open server's '' stays ''."""
+    if not tenant_id:
+        return ""
+    return hashlib.sha256(f"kvledger-tenant-tag\0{tenant_id}".encode()).hexdigest()[:16]
+
+
 async def model_for(request: Request, name: str) -> ServedModel:
     try:
         return await scheduler(request).model(name)

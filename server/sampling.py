@@ -52,8 +52,15 @@ def check_request(
 
 
 def build_generation(
-    body: SamplingRequest, model: ServedModel, prompts: list[list[int]], salt: str, plan: Plan
+    body: SamplingRequest,
+    model: ServedModel,
+    prompts: list[list[int]],
+    salt: str,
+    tenant: str,
+    plan: Plan,
 ) -> Generation:
+    """`salt` namespaces the prefix cache per tenant; `tenant` is the tenant's tag
+    (deps.tenant_tag), which the fair scheduling policy shares a worker by."""
     generation = Generation(
         id=f"{plan.id_prefix}-{REQUEST_ID.get() or uuid.uuid4().hex}",  # the HTTP request's
         model=model,
@@ -69,7 +76,15 @@ def build_generation(
         for sample in range(body.n):
             index = len(generation.choices)
             request = generate_request(
-                body, model, prompt, max_tokens, salt, f"{generation.id}-{index}", sample, plan
+                body,
+                model,
+                prompt,
+                max_tokens,
+                salt,
+                tenant,
+                f"{generation.id}-{index}",
+                sample,
+                plan,
             )
             detok = IncrementalDetokenizer(model.tokenizer, prompt, body.skip_special_tokens)
             choice = Choice(index, p_index, request, detok, echo_only=plan.echo_only)
@@ -98,6 +113,7 @@ def generate_request(
     prompt: list[int],
     max_tokens: int,
     salt: str,
+    tenant: str,
     request_id: str,
     sample_index: int,
     plan: Plan,
@@ -135,4 +151,5 @@ def generate_request(
         cache_salt=salt,
         priority=body.priority,
         skip_prefix_cache=plan.prompt_logprobs is not None,
+        tenant=tenant,
     )

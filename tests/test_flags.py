@@ -114,7 +114,7 @@ def test_flag_names_are_unique():
     [
         ("KVLEDGER_ENABLE_PREFIX_CACHING", "flase", "expected a boolean"),
         ("KVLEDGER_DEBUG_INVARIANTS", "maybe", "expected a boolean"),
-        ("KVLEDGER_SCHEDULING_POLICY", "lifo", "expected one of fcfs, priority"),
+        ("KVLEDGER_SCHEDULING_POLICY", "lifo", "expected one of fcfs, priority, fair"),
         ("KVLEDGER_MAX_NUM_SEQS", "abc", "expected an integer"),
         ("KVLEDGER_WORKER_STEP_TIMEOUT", "soon", "expected a number"),
     ],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-POLICIES = ("fcfs", "priority")
+POLICIES = ("fcfs", "priority", "fair")
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,9 @@ class SchedulerConfig:
     max_model_len: int = 2048
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    policy: str = "fcfs"  # or "priority": lower value is served first, as in vLLM
+    # "fcfs"; "priority": lower value is served first, as in vLLM; "fair": tenants take
+    # turns, each in arrival order (core/fair.py)
+    policy: str = "fcfs"
     kv_cache: bool = True  # False: the no-KV manager (embedding models)
     debug_invariants: bool = False
 

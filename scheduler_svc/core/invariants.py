@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
+from scheduler_svc.core.policy import running_order
 from scheduler_svc.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -49,11 +51,18 @@ def check_scheduler(scheduler: Scheduler) -> None:
         )
         ensure(request.num_computed_tokens == 0, f"waiting {request.request_id} has KV")
         ensure(request.num_placeholders == 0, f"waiting {request.request_id} has placeholders")
-    key = scheduler._running_key
+    # FCFS: by arrival; priority: by (priority, arrival); fair: interleaved by tenant, so the
+    # back (where preemption takes from) is the latest request of a tenant holding the most.
     ensure(
-        all(key(a) < key(b) for a, b in zip(running, running[1:], strict=False)),
-        "running requests are out of policy order",
+        running == running_order(scheduler.config.policy)(running),
+        f"running requests {running_ids} are out of {scheduler.config.policy} order",
     )
+    ensure(
+        scheduler.running_per_tenant == Counter(r.tenant for r in running),
+        f"running per tenant {dict(scheduler.running_per_tenant)} is not what runs",
+    )
+    if scheduler.config.policy == "fair":
+        _check_fcfs_within_tenants(waiting)
     tracker = scheduler.tracker
     ensure(
         set(tracker.entries) == set(live),
@@ -72,6 +81,22 @@ def check_scheduler(scheduler: Scheduler) -> None:
         ensure(kv.num_free_blocks == kv.num_blocks_total, "idle but blocks are in use")
         ensure(len(tracker) == 0, "idle but the tracker holds entries")
         ensure(kv.num_tables == 0, "idle but block tables remain")
+
+
+def _check_fcfs_within_tenants(waiting: list[Request]) -> None:
+    """Fair shares between tenants only: a tenant's requests that never ran are served in
+    arrival order. Requeued ones are left out: they go back to the front, and refusals
+    reported in different steps can requeue two out of arrival order, as under FCFS."""
+    latest: dict[str, int] = {}
+    for request in waiting:  # in the order they would be served
+        if request.was_admitted:
+            continue
+        ensure(
+            request.arrival_index > latest.get(request.tenant, -1),
+            f"{request.request_id} of tenant {request.tenant!r} would be served after a later "
+            "arrival of its tenant",
+        )
+        latest[request.tenant] = request.arrival_index
 
 
 def _check_lookups(scheduler: Scheduler, waiting: list[Request]) -> None:

@@ -31,6 +31,9 @@ class Request:
     ignore_eos: bool = False
     min_tokens: int = 0
     priority: int = 0
+    # Who sent it, as the frontend tags an API key (a hash, never the key); '' = no key. The
+    # fair policy shares a worker between tenants (core/fair.py); the others ignore it.
+    tenant: str = ""
     cache_salt: str | None = None
     skip_prefix_cache: bool = False  # prompt-logprob requests must compute every position
     is_embedding: bool = False  # no output tokens: finishes (STOP) once its prompt is computed

@@ -7,12 +7,13 @@ the budget allows; num_computed_tokens advances at schedule time.
 
 from __future__ import annotations
 
-from bisect import insort
+from collections import Counter
 from collections.abc import Iterable
 from itertools import chain as iter_chain
 
 from scheduler_svc.core.block_hash import BlockHasher, sha256_block_hash
 from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.fair import Stall, seat_for
 from scheduler_svc.core.invariants import check_scheduler
 from scheduler_svc.core.kv_cache_interface import CacheLookup, KVManager
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
@@ -25,11 +26,11 @@ from scheduler_svc.core.output import (
     ScheduledNew,
     SchedulerOutput,
 )
+from scheduler_svc.core.policy import make_waiting_queue, running_order
 from scheduler_svc.core.request import FinishReason, Request, RequestStatus
 from scheduler_svc.core.stats import SchedulerSnapshot, SchedulerStats, bump
 from scheduler_svc.core.stop_conditions import at_length, stop_reason
 from scheduler_svc.core.tracker import ComputedBlocksTracker
-from scheduler_svc.core.waiting_queue import make_waiting_queue, running_order_key
 
 RUNNING = RequestStatus.RUNNING
 
@@ -44,10 +45,16 @@ class Scheduler:
             KVCacheManager(config, self.stats) if config.kv_cache else NoKVCacheManager()
         )
         self.tracker = ComputedBlocksTracker(config, self.kv, self.stats, block_hasher)
-        self.waiting = make_waiting_queue(config.policy)
+        # Running requests per tenant (status RUNNING), kept at each change of status; the
+        # fair queue reads it.
+        self.running_per_tenant: Counter[str] = Counter()
+        self.waiting = make_waiting_queue(config.policy, self.running_per_tenant)
         self.running: list[Request] = []  # kept in policy order: served first at the front
         self.requests: dict[str, Request] = {}  # every live (waiting or running) request
-        self._running_key = running_order_key(config.policy)
+        self._order = running_order(config.policy)
+        # The head the last pass stopped at for want of a seat or a block (the fair policy
+        # acts on it: core/fair.py).
+        self._stall: Stall | None = None
         self._step_id = 0
         self._next_arrival = 0
         self._dropped: list[str] = []  # the worker must forget these with the next plan
@@ -148,7 +155,9 @@ class Scheduler:
         self.kv.clear_cache(source)
         self.requests.clear()
         self.running = []
-        self.waiting = make_waiting_queue(self.config.policy)
+        self.running_per_tenant.clear()
+        self.waiting = make_waiting_queue(self.config.policy, self.running_per_tenant)
+        self._stall = None
         self._dropped = []
         self._in_flight = []
         if self.config.debug_invariants:
@@ -165,6 +174,9 @@ class Scheduler:
         full_budget = self.config.max_num_batched_tokens
         cont: list[ScheduledCont] = []
         new: list[ScheduledNew] = []
+        stall, self._stall = self._stall, None
+        if stall is not None and self.config.policy == "fair":
+            self._take_seat_for(stall)
         budget, preempted = self._schedule_running(cont, full_budget)
         budget = self._schedule_waiting(new, budget, preempted)
         output = SchedulerOutput(
@@ -227,6 +239,24 @@ class Scheduler:
             i += 1
         return budget, preempted
 
+    def _take_seat_for(self, stall: Stall) -> None:
+        """Fair policy (core/fair.py): a head that found no seat or block in the last pass,
+        and still would not, takes one from the tenant holding the most, if that tenant holds
+        SEAT_MARGIN more. Admission stays open in this step: the room is freed for the head."""
+        if not self.waiting:
+            return
+        head = self.waiting.peek()
+        if not stall.persists(head, len(self.running), self.kv.num_free_blocks):
+            return  # another head, or room came back since: the pass decides afresh
+        victim = seat_for(head, self.running, self.running_per_tenant)
+        if victim is not None:
+            self.running.pop()
+            self._requeue(victim, "preempted")
+            self.stats.preemptions += 1
+
+    def _stall_at(self, request_id: str) -> Stall:
+        return Stall(request_id, len(self.running), self.kv.num_free_blocks)
+
     def _may_plan_ahead(self, request: Request) -> bool:
         """A step on a token not known yet (async scheduling) only where the worker certainly
         produces it: never past max_tokens or the context, which would end the request first.
@@ -249,6 +279,7 @@ class Scheduler:
                 break
             if len(self.running) >= config.max_num_seqs:
                 tracker.release_lookup(rid, "max_num_seqs")
+                self._stall = self._stall_at(rid)
                 break
             if budget <= 0:
                 tracker.release_lookup(rid, "token_budget")
@@ -264,10 +295,13 @@ class Scheduler:
             total = lookup.num_tokens + num_new
             if self.kv.allocate_for_admission(rid, lookup.blocks, total) is None:
                 tracker.release_lookup(rid, "no_blocks")
+                self._stall = self._stall_at(rid)
                 break
             waiting.pop()
             new.append(self._admit(request, lookup, num_new))
             budget -= num_new
+        if new:
+            self.running = self._order(self.running)
         return budget
 
     def _admit(self, request: Request, lookup: CacheLookup, num_new: int) -> ScheduledNew:
@@ -291,6 +325,7 @@ class Scheduler:
             placement=request.placement,
         )
         request.status = RUNNING
+        self._count_running(request, 1)
         request.num_computed_tokens = total
         if samples and not request.is_embedding:
             request.num_placeholders += 1
@@ -301,7 +336,7 @@ class Scheduler:
         if caching and not request.skip_prefix_cache:
             self.stats.prefix_cache_queries += request.num_tokens
             self.stats.prefix_cache_hits += computed
-        insort(self.running, request, key=self._running_key)
+        self.running.append(request)  # the pass puts running back in policy order at its end
         return scheduled
 
     def _commit_known(self, request: Request, total: int) -> list[BlockHashPair]:
@@ -348,7 +383,7 @@ class Scheduler:
         scheduled: Iterable[ScheduledNew | ScheduledCont] = iter_chain(output.new, output.cont)
         self._apply_samples(scheduled, result, updates)
         if self._running_dirty:
-            self.running = [r for r in self.running if r.status is RUNNING]
+            self.running = self._order(r for r in self.running if r.status is RUNNING)
             self._running_dirty = False
         self._audit()
         if self.config.debug_invariants:
@@ -373,7 +408,7 @@ class Scheduler:
 
     def _requeue_in_order(self, requests: list[Request], release_reason: str) -> None:
         # each goes to the front of the queue, so the one to serve first goes last
-        for request in sorted(requests, key=self._running_key, reverse=True):
+        for request in reversed(self._order(requests)):
             self._requeue(request, release_reason)
             self._running_dirty = True
 
@@ -446,9 +481,11 @@ class Scheduler:
     # -- state changes --------------------------------------------------------------------
 
     def _requeue(self, request: Request, release_reason: str) -> None:
-        """Back to the front of the queue to recompute; the caller takes it off `running`."""
+        """A running request back to the front of the queue to recompute; the caller takes it
+        off `running`."""
         rid = request.request_id
         self.kv.free(rid)
+        self._count_running(request, -1)
         request.reset_for_recompute(RequestStatus.PREEMPTED)
         request.num_preemptions += 1
         self.tracker.release_lookup(rid, release_reason)
@@ -467,16 +504,24 @@ class Scheduler:
         if request.status is RUNNING:
             self.kv.free(rid)
             self._dropped.append(rid)
+            self._count_running(request, -1)
             if batched:
                 self._running_dirty = True
             else:
                 self.running.remove(request)
+                self.running = self._order(self.running)  # fair: later ranks of its tenant move
         else:
             self.waiting.remove(request)
         request.finish(reason, message)
         del self.requests[rid]
         self.tracker.remove(rid, release_reason)
         bump(self.stats.requests_finished, reason.value)
+
+    def _count_running(self, request: Request, delta: int) -> None:
+        load, tenant = self.running_per_tenant, request.tenant
+        load[tenant] += delta
+        if not load[tenant]:
+            del load[tenant]
 
     def _finish_at_arrival(self, request: Request, reason: FinishReason, message: str) -> None:
         request.finish(reason, message)

@@ -1,15 +1,13 @@
-"""Waiting queues for the two policies, and the order running requests are kept in."""
+"""Waiting queues: the interface, and the FCFS and priority queues (fair: core/fair.py)."""
 
 from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from scheduler_svc.core.request import Request
-
-RunningKey = Callable[[Request], tuple[int, int]]
 
 
 def fcfs_key(request: Request) -> tuple[int, int]:
@@ -18,11 +16,6 @@ def fcfs_key(request: Request) -> tuple[int, int]:
 
 def priority_key(request: Request) -> tuple[int, int]:
     return (request.priority, request.arrival_index)
-
-
-def running_order_key(policy: str) -> RunningKey:
-    """Running requests are kept in this order: served from the front, preempted from the back."""
-    return priority_key if policy == "priority" else fcfs_key
 
 
 class WaitingQueue(ABC):
@@ -101,7 +94,3 @@ class PriorityQueue(WaitingQueue):
 
     def __iter__(self) -> Iterator[Request]:
         return (item[2] for item in sorted(self._heap, key=lambda item: item[:2]))
-
-
-def make_waiting_queue(policy: str) -> WaitingQueue:
-    return PriorityQueue() if policy == "priority" else FCFSQueue()

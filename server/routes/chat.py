@@ -22,7 +22,7 @@ from server.chat_protocol import (
     TopLogprob,
 )
 from server.client import ServedModel
-from server.deps import model_for, scheduler, settings_of, tenant, tenant_salt
+from server.deps import model_for, scheduler, settings_of, tenant, tenant_salt, tenant_tag
 from server.errors import APIError, error_responses
 from server.generation import Choice, Generation, TokenEntry, merged, stream_text
 from server.limits import Limits
@@ -52,7 +52,8 @@ async def chat_completions(
     model = await model_for(request, body.model)
     salt = tenant_salt(who, body.cache_salt)
     # Off the event loop, as completions: rendering and tokenizing take their time.
-    generation = await off_loop(request, _prepare, body, model, salt, settings_of(request).limits)
+    limits = settings_of(request).limits
+    generation = await off_loop(request, _prepare, body, model, salt, tenant_tag(who), limits)
     events = merged(generation, scheduler(request).stub)
     view = _ChatView(body, generation)
     if body.stream:
@@ -79,7 +80,7 @@ def refuse_unsupported(body: ChatCompletionRequest) -> None:
 
 
 def _prepare(
-    body: ChatCompletionRequest, model: ServedModel, salt: str, limits: Limits
+    body: ChatCompletionRequest, model: ServedModel, salt: str, tag: str, limits: Limits
 ) -> Generation:
     check_request(body, model, limits, 1)
     prompt = chat_prompt(body.messages, body, model)
@@ -89,7 +90,7 @@ def _prepare(
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         prompt_param="messages",
     )
-    return build_generation(body, model, [prompt], salt, plan)
+    return build_generation(body, model, [prompt], salt, tag, plan)
 
 
 class _ChatView:

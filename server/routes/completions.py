@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from server.client import ServedModel
-from server.deps import model_for, scheduler, settings_of, tenant, tenant_salt
+from server.deps import model_for, scheduler, settings_of, tenant, tenant_salt, tenant_tag
 from server.errors import APIError, error_responses
 from server.generation import Choice, Generation, TokenEntry, merged, stream_text
 from server.limits import Limits
@@ -43,7 +43,7 @@ async def completions(body: CompletionRequest, request: Request, who: str = Depe
     # Off the event loop: a long prompt takes ~4 ms per 1,000 tokens to tokenize, and the
     # loop meanwhile streams every other request's tokens (benchmarks/frontend_loop.py).
     generation, echoes = await off_loop(
-        request, _prepare, body, model, salt, settings_of(request).limits
+        request, _prepare, body, model, salt, tenant_tag(who), settings_of(request).limits
     )
     events = merged(generation, scheduler(request).stub)
     view = _View(body, generation, echoes)
@@ -54,7 +54,7 @@ async def completions(body: CompletionRequest, request: Request, who: str = Depe
 
 
 def _prepare(
-    body: CompletionRequest, model: ServedModel, salt: str, limits: Limits
+    body: CompletionRequest, model: ServedModel, salt: str, tag: str, limits: Limits
 ) -> tuple[Generation, list[Tokenized] | None]:
     if body.max_tokens == 0 and not body.echo:
         raise APIError(
@@ -72,7 +72,7 @@ def _prepare(
         prompt_logprobs=body.logprobs if body.echo else None,
         echo_only=body.max_tokens == 0,
     )
-    generation = build_generation(body, model, [p.ids for p in prompts], salt, plan)
+    generation = build_generation(body, model, [p.ids for p in prompts], salt, tag, plan)
     echoes = [echoed(model.tokenizer, p) for p in prompts] if body.echo else None
     return generation, echoes
 

@@ -7,11 +7,11 @@ import uuid
 
 import grpc
 import numpy as np
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 
 from kvledger.log import REQUEST_ID
 from protos import frontend_pb2
-from server.deps import model_for, scheduler, settings_of
+from server.deps import model_for, scheduler, settings_of, tenant, tenant_tag
 from server.errors import APIError, error_responses, from_grpc
 from server.offload import off_loop
 from server.protocol import EmbeddingRequest
@@ -27,7 +27,9 @@ router = APIRouter()
     response_model=EmbeddingResponse,
     responses=error_responses(400, 404, 413, 429, 500, 503),
 )
-async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
+async def embeddings(
+    body: EmbeddingRequest, request: Request, who: str = Depends(tenant)
+) -> EmbeddingResponse:
     model = await model_for(request, body.model)  # decoders embed too (last-token pooling)
     prompts = await off_loop(request, tokenize_prompts, body.input, model, param="input")
     inputs = [p.ids for p in prompts]
@@ -58,6 +60,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingRespo
         normalize=True,
         dimensions=body.dimensions or 0,
         inputs=[frontend_pb2.TokenIds(ids=ids) for ids in inputs],
+        tenant=tenant_tag(who),
     )
     try:
         reply = await until_disconnect(request, scheduler(request).stub.Embed(req))

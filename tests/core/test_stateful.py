@@ -1,4 +1,5 @@
-"""Random arrivals, steps, faults, aborts, resets and drains on a tiny pool, checked each step.
+"""Random arrivals, steps, faults, aborts, resets and drains on a tiny pool, checked each step,
+under each policy (fcfs, priority, and fair between three tenants, with one tenant's bursts).
 
 The fake worker holds the truth about every block's content, so any stale claim the ledger let
 through fails at once, and so does any refusal no injected fault explains; between steps every
@@ -43,6 +44,7 @@ class Arrival:
     max_tokens: int
     min_tokens: int
     priority: int
+    tenant: str
     eos: bool
     skip_cache: bool
     embedding: bool
@@ -55,6 +57,7 @@ class Arrival:
             eos_token_ids=frozenset({EOS}) if self.eos else frozenset(),
             min_tokens=self.min_tokens,
             priority=self.priority,
+            tenant=self.tenant,
             cache_salt=self.salt,
             skip_prefix_cache=self.skip_cache,
             is_embedding=self.embedding,
@@ -69,6 +72,7 @@ ARRIVALS = st.builds(
     max_tokens=st.integers(0, 6),
     min_tokens=st.integers(0, 2),
     priority=st.integers(0, 2),
+    tenant=st.sampled_from(["", "a", "b"]),
     eos=st.booleans(),
     skip_cache=st.sampled_from([False, False, False, True]),
     embedding=st.sampled_from([False, False, False, True]),
@@ -102,7 +106,7 @@ class LedgerMachine(RuleBasedStateMachine):
         budget=st.integers(1, 24),
         chunked=st.booleans(),
         caching=st.sampled_from([True, True, True, False]),
-        policy=st.sampled_from(["fcfs", "priority"]),
+        policy=st.sampled_from(["fcfs", "priority", "fair"]),
     )
     def setup(
         self,
@@ -148,6 +152,21 @@ class LedgerMachine(RuleBasedStateMachine):
             history = (earlier.prompt_token_ids + earlier.output_token_ids)[:16]
             arrival = data.draw(ARRIVALS, "turn")
             self.add(replace(arrival, prefix=history, salt=earlier.cache_salt, embedding=False))
+
+    @rule(data=st.data())
+    def add_burst(self, data: st.DataObject) -> None:
+        """One tenant's burst, then another tenant's request: under the fair policy the burst
+        holds the seats and the blocks, and the newcomer takes a seat from it."""
+        burst = data.draw(st.sampled_from(["", "a", "b"]), "burst tenant")
+        for _ in range(data.draw(st.integers(2, 5), "burst size")):
+            arrival = data.draw(ARRIVALS, "burst")
+            long = data.draw(st.integers(4, 6), "long")  # still running when the newcomer comes
+            self.add(replace(arrival, tenant=burst, max_tokens=long, eos=False, embedding=False))
+        self.step()
+        other = data.draw(st.sampled_from(["", "a", "b"]).filter(lambda t: t != burst), "other")
+        self.add(replace(data.draw(ARRIVALS, "newcomer"), tenant=other))
+        self.step()  # a pass that stops at the newcomer for want of a seat or a block ...
+        self.step()  # ... and the step that takes one for it from the burst
 
     @rule()
     def step(self) -> None:
