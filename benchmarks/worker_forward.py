@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/worker_forward.py [--batch-sizes 1,8,32] [--prompt-len 128]
 
-kvledger runs through `ModelRunner.execute` over paged KV memory (torch attention backend,
-greedy sampling included); transformers (the reference implementation, a test dependency) runs
+kvledger runs through `ModelRunner.execute` over paged KV memory (`--attention-backend auto`
+by default, as the worker serves: the CPU decode kernel; greedy sampling included);
+transformers (the reference implementation, a test dependency) runs
 `AutoModelForCausalLM` from the same model directory in the same dtype, in the same process and
 on the same torch threads, with its default attention implementation.
 
@@ -155,7 +156,12 @@ def run(args: argparse.Namespace) -> tuple[list[Row], str]:
     attn = ""
     for dtype in args.dtypes:
         runner = ModelRunner(
-            model_dir, block_size=BLOCK_SIZE, num_blocks=num_blocks, dtype=dtype, progress=False
+            model_dir,
+            block_size=BLOCK_SIZE,
+            num_blocks=num_blocks,
+            dtype=dtype,
+            progress=False,
+            attention_backend=args.attention_backend,
         )
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=TORCH_DTYPES[dtype]).eval()
         attn = hf.config._attn_implementation
@@ -214,6 +220,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--dtypes", default="float32,bfloat16", type=lambda s: s.split(","))
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument(
+        "--attention-backend",
+        default="auto",
+        help="kvledger's backend (auto, what the worker serves with: the CPU kernel; torch)",
+    )
     args = parser.parse_args()
     for d in args.dtypes:
         if d not in SHORT:
