@@ -17,12 +17,14 @@
 
 namespace {
 
-template <typename T>
+// kD: the head dimension when known at compile time (the common 32, 64, 128: the dot products
+// and updates over it unroll into whole vectors), 0 for any other, read at run time.
+template <typename T, int64_t kD>
 void decode_kernel(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
     const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t window,
     double scale, at::Tensor& out) {
-  const int64_t n = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t n = q.size(0), H = q.size(1), D = kD ? kD : q.size(2);
   const int64_t bs = k_cache.size(1), Hkv = k_cache.size(2);
   const int64_t G = H / Hkv, width = block_tables.size(1);
   const T* qp = q.data_ptr<T>();
@@ -117,7 +119,12 @@ at::Tensor paged_decode(
   const at::Tensor lens = context_lens.contiguous();
   at::Tensor out = at::empty_like(qc);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
-    decode_kernel<scalar_t>(qc, k_cache, v_cache, tables, lens, window, scale, out);
+    switch (q.size(2)) {
+      case 32: return decode_kernel<scalar_t, 32>(qc, k_cache, v_cache, tables, lens, window, scale, out);
+      case 64: return decode_kernel<scalar_t, 64>(qc, k_cache, v_cache, tables, lens, window, scale, out);
+      case 128: return decode_kernel<scalar_t, 128>(qc, k_cache, v_cache, tables, lens, window, scale, out);
+      default: return decode_kernel<scalar_t, 0>(qc, k_cache, v_cache, tables, lens, window, scale, out);
+    }
   });
   return out;
 }
