@@ -101,6 +101,14 @@ FLAGS: tuple[Flag, ...] = (
         default=5,
     ),
     _f(
+        "--timeout-request-body",
+        [FRONTEND],
+        "seconds a client has to send a request body after its headers; past it a 408 and "
+        "the connection is closed; 0 = no limit",
+        type=float,
+        default=60.0,
+    ),
+    _f(
         "--max-embedding-inputs",
         [FRONTEND],
         "most inputs of one embeddings request",

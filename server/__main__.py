@@ -31,7 +31,18 @@ def read_api_keys(args: argparse.Namespace) -> list[str]:
     return keys
 
 
+def checked_timeouts(args: argparse.Namespace) -> None:
+    """A negative deadline would close every connection at once: startup stops instead."""
+    for flag in ("timeout_request_body",):
+        if getattr(args, flag) < 0:
+            name = flag.replace("_", "-")
+            raise SystemExit(
+                f"--{name} (KVLEDGER_{flag.upper()}): must be 0 (no limit) or more seconds"
+            )
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
+    checked_timeouts(args)
     limits = Limits(**{name: getattr(args, name) for name in Limits.__dataclass_fields__})
     return Settings(
         scheduler=args.scheduler,
