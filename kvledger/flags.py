@@ -101,6 +101,23 @@ FLAGS: tuple[Flag, ...] = (
         default=5,
     ),
     _f(
+        "--timeout-request-header",
+        [FRONTEND],
+        "seconds a client has to send a request line and headers, from the connection's "
+        "start or the first byte of a kept-alive connection's next request; past it the "
+        "connection is closed (with a 408 if part of a request came); 0 = no limit",
+        type=float,
+        default=10.0,
+    ),
+    _f(
+        "--timeout-request-body",
+        [FRONTEND],
+        "seconds a client has to send a request body after its headers; past it a 408 and "
+        "the connection is closed; 0 = no limit",
+        type=float,
+        default=60.0,
+    ),
+    _f(
         "--max-embedding-inputs",
         [FRONTEND],
         "most inputs of one embeddings request",

@@ -15,6 +15,7 @@ from kvledger.log import setup_logging
 from kvledger.metrics_http import start_metrics_server
 from server.app import build_app
 from server.chat_template import ChatTemplateError, check_chat_template
+from server.connections import with_deadlines
 from server.limits import Limits
 from server.settings import Settings
 
@@ -31,7 +32,18 @@ def read_api_keys(args: argparse.Namespace) -> list[str]:
     return keys
 
 
+def checked_timeouts(args: argparse.Namespace) -> None:
+    """A negative deadline would close every connection at once: startup stops instead."""
+    for flag in ("timeout_request_header", "timeout_request_body"):
+        if getattr(args, flag) < 0:
+            name = flag.replace("_", "-")
+            raise SystemExit(
+                f"--{name} (KVLEDGER_{flag.upper()}): must be 0 (no limit) or more seconds"
+            )
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
+    checked_timeouts(args)
     limits = Limits(**{name: getattr(args, name) for name in Limits.__dataclass_fields__})
     return Settings(
         scheduler=args.scheduler,
@@ -72,6 +84,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         timeout_graceful_shutdown=args.shutdown_timeout,
         limit_concurrency=args.limit_concurrency,
         timeout_keep_alive=args.timeout_keep_alive,
+        # h11 always (not httptools, should it be installed): the header bound below and the
+        # header and body deadlines are h11's and this protocol's.
+        http=with_deadlines(
+            args.timeout_request_header, args.timeout_request_body, app.state.request_timeouts
+        ),
         h11_max_incomplete_event_size=H11_MAX_HEADER_BYTES,
     )
 

@@ -16,7 +16,7 @@ from kvledger.log import REQUEST_ID
 from server.client import SchedulerClient
 from server.deps import bearer, tenant
 from server.errors import error_responses, install_error_handlers
-from server.limits import BodySizeLimit
+from server.limits import BodyDeadline, BodySizeLimit
 from server.offload import tokenize_slots
 from server.routes import chat, completions, embeddings, health, models, tokenize
 from server.settings import Settings
@@ -41,6 +41,17 @@ def build_app(settings: Settings) -> FastAPI:
         ["route", "status"],
         registry=registry,
     )
+    # The header deadline is the server's (server/connections.py, which __main__ hands this
+    # counter); the body deadline is counted by the app's 408s and the server's backstop.
+    request_timeouts = Counter(
+        "kvledger_http_request_timeouts_total",
+        "requests refused, and their connections closed, because their headers (phase=header) "
+        "or body (phase=body) did not arrive within --timeout-request-header/-body",
+        ["phase"],
+        registry=registry,
+    )
+    for phase in ("header", "body"):
+        request_timeouts.labels(phase)  # exported at 0 from the start
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -56,10 +67,15 @@ def build_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="kvledger", version=kvledger.__version__, lifespan=lifespan)
     app.state.settings = settings
     app.state.registry = registry
+    app.state.request_timeouts = request_timeouts
     app.state.tokenize_slots = tokenize_slots()
     install_error_handlers(app)
     _document_errors_truthfully(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.limits.max_request_body_bytes)
+    if settings.limits.timeout_request_body > 0:
+        app.add_middleware(
+            BodyDeadline, seconds=settings.limits.timeout_request_body, timeouts=request_timeouts
+        )
     app.add_middleware(RequestCounter, counter=http_requests)
     app.add_middleware(RequestId)  # outermost: even a refused body is logged with its id
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
+from prometheus_client import Counter
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -19,6 +21,7 @@ class Limits:
     max_stop_strings: int = 16
     max_stop_string_length: int = 256
     max_embedding_inputs: int = 256
+    timeout_request_body: float = 60.0
 
 
 def check_sampling_limits(body: SamplingRequest, limits: Limits, num_prompts: int) -> None:
@@ -74,3 +77,48 @@ class BodySizeLimit:
             return message
 
         await self.app(scope, limited, send)
+
+
+def body_timeout_message(seconds: float) -> str:
+    return f"the request body did not arrive within {seconds:g} s of its headers"
+
+
+class BodyDeadline:
+    """ASGI middleware: a request body still arriving `seconds` after the app got the request
+    (its headers) is refused with a 408 in OpenAI's shape and `Connection: close`, which has
+    the server close the connection once the 408 is sent. FastAPI reads a body before it
+    starts any response, so the 408 always has a response to be. Once the body is in, the
+    app's later `receive` (waiting for the client to leave) is not timed. A body the app
+    never reads is the server's to time out (`server.connections`)."""
+
+    def __init__(self, app: ASGIApp, seconds: float, timeouts: Counter | None = None) -> None:
+        self.app = app
+        self.seconds = seconds
+        self.timeouts = timeouts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        deadline = asyncio.get_running_loop().time() + self.seconds
+        body_done = False
+
+        async def timed() -> Message:
+            nonlocal body_done
+            if body_done:
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                if self.timeouts is not None:
+                    self.timeouts.labels("body").inc()
+                # An HTTPException passes through FastAPI's body parsing as itself.
+                raise HTTPException(
+                    408, body_timeout_message(self.seconds), headers={"Connection": "close"}
+                ) from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        await self.app(scope, timed, send)

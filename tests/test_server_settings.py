@@ -39,3 +39,17 @@ def test_a_bad_chat_template_stops_the_frontend_before_it_serves(tmp_path):
         with pytest.raises(SystemExit) as stopped:
             settings_from_args(parse(FRONTEND, ["--chat-template", bad], "t"))
         assert str(stopped.value).startswith("--chat-template") and why in str(stopped.value)
+
+
+def test_request_deadlines_follow_their_flags_and_refuse_negative_values(monkeypatch):
+    args = parse(FRONTEND, [], "t")
+    assert (args.timeout_request_header, args.timeout_request_body) == (10.0, 60.0)
+    assert settings_from_args(args).limits.timeout_request_body == 60.0
+    monkeypatch.setenv("KVLEDGER_TIMEOUT_REQUEST_BODY", "0")
+    args = parse(FRONTEND, ["--timeout-request-header", "2.5"], "t")
+    assert args.timeout_request_header == 2.5
+    assert settings_from_args(args).limits.timeout_request_body == 0  # off
+    for flag in ("--timeout-request-header", "--timeout-request-body"):
+        with pytest.raises(SystemExit) as stopped:
+            settings_from_args(parse(FRONTEND, [flag, "-1"], "t"))
+        assert str(stopped.value).startswith(flag)

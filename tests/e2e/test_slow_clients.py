@@ -2,15 +2,25 @@
 frontend answers new requests 503 at once instead of queueing them behind descriptors it has
 run out of, and serves again as soon as they go. (A header block still incomplete past 16 KiB is
 refused rather than buffered, by h11's incomplete-event limit; not timed here: whether a fast
-client's headers arrive whole or in pieces decides whether the limit applies.)"""
+client's headers arrive whole or in pieces decides whether the limit applies.) And they go by
+themselves: headers not in within --timeout-request-header, or a body not in within
+--timeout-request-body, and the frontend closes the connection (with a 408 in OpenAI's shape
+where it can), while kept-alive connections idle by --timeout-keep-alive as before. Real
+sockets against `kvledger serve`."""
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
+import time
+from dataclasses import dataclass
 
 import httpx
+import pytest
 
-from tests.serving import start_serve
+from server.connections import BODY_CLOSE_GRACE_SECONDS
+from tests.serving import metric_sum, scrape, start_serve
 
 
 def _trickling(port: int) -> socket.socket:
@@ -41,3 +51,268 @@ def test_trickling_connections_past_the_limit_do_not_lock_out_others(tmp_path):
         for sock in socks:
             sock.close()
         served.stop()
+
+
+# Deadlines of the stack below: short, so each case takes seconds; bounds are derived from them
+# with generous slack for a slow, loaded CI machine (a timer never fires early, so the lower
+# bounds are exact but for clock granularity).
+HEADER_S = 2.0
+BODY_S = 2.0
+KEEP_ALIVE_S = 4
+LIMIT = 16
+SLACK_S = 5.0
+EARLY_S = 0.05
+JSON = {"content-type": "application/json"}
+COMPLETION = b'{"model": "tiny-llama", "prompt": "hi", "max_tokens": 2}'
+
+
+@pytest.fixture(scope="module")
+def deadlines(tmp_path_factory):
+    served = start_serve(
+        tmp_path_factory.mktemp("slow"),
+        "--timeout-request-header",
+        str(HEADER_S),
+        "--timeout-request-body",
+        str(BODY_S),
+        "--timeout-keep-alive",
+        str(KEEP_ALIVE_S),
+        "--limit-concurrency",
+        str(LIMIT),
+    )
+    yield served
+    served.stop()
+
+
+@dataclass
+class Ended:
+    """How the server ended a connection: what it sent, and when the connection closed,
+    counted from `start` (when the client had sent what starts the deadline)."""
+
+    data: bytes
+    seconds: float
+    how: str  # "eof" (the server closed it), "reset", or "open" (still open after the wait)
+
+    @property
+    def statuses(self) -> list[int]:
+        lines = self.data.split(b"\r\n")
+        return [int(line.split()[1]) for line in lines if line.startswith(b"HTTP/1.1 ")]
+
+    def error(self) -> dict:
+        return json.loads(self.data[self.data.rindex(b"\r\n\r\n") + 4 :])["error"]
+
+
+def _read_until_closed(sock: socket.socket, start: float, wait: float) -> Ended:
+    sock.settimeout(0.2)
+    data = b""
+    while time.monotonic() - start < wait:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return Ended(data, time.monotonic() - start, "reset")
+        if not chunk:
+            return Ended(data, time.monotonic() - start, "eof")
+        data += chunk
+    return Ended(data, time.monotonic() - start, "open")
+
+
+def _trickle(sock: socket.socket, data: bytes, every: float = 1.0) -> threading.Thread:
+    """Sends `data` a byte every `every` seconds until it is all sent or the server closes."""
+
+    def run() -> None:
+        for byte in data:
+            time.sleep(every)
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                return
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _request(path: str, body: bytes = b"", method: str = "POST") -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    return head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+def _partial_header(port: int) -> tuple[socket.socket, float]:
+    sock = socket.create_connection(("127.0.0.1", port))
+    start = time.monotonic()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    _trickle(sock, b"Content-Type: application/json\r\n")
+    return sock, start
+
+
+def _slow_body(port: int, path: str = "/v1/completions", method: str = "POST") -> tuple:
+    sock = socket.create_connection(("127.0.0.1", port))
+    whole = _request(path, COMPLETION, method)
+    cut = whole.index(b"\r\n\r\n") + 4 + 10
+    sock.sendall(whole[:cut])
+    start = time.monotonic()
+    _trickle(sock, whole[cut:])
+    return sock, start
+
+
+def _assert_closed_at(ended: Ended, deadline: float) -> None:
+    assert ended.how in ("eof", "reset"), f"still open after {ended.seconds:.1f} s"
+    assert deadline - EARLY_S <= ended.seconds <= deadline + SLACK_S, ended.seconds
+
+
+def _one_response(sock: socket.socket) -> bytes:
+    """Reads one response with a Content-Length body (the server's answers here have one)."""
+    sock.settimeout(60)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    fields = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+    length = int(fields[b"content-length"])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_headers_trickled_a_byte_a_second_are_cut_at_the_header_deadline(deadlines):
+    sock, start = _partial_header(deadlines.port)
+    with sock:
+        ended = _read_until_closed(sock, start, HEADER_S + SLACK_S + 1)
+    _assert_closed_at(ended, HEADER_S)
+    assert ended.statuses == [408]
+    error = ended.error()
+    assert error["type"] == "invalid_request_error" and "headers" in error["message"]
+
+
+def test_a_connection_that_sends_nothing_is_closed_silently_at_the_header_deadline(deadlines):
+    """No 408 there: a client may be about to use it, and must not read one as its answer."""
+    sock = socket.create_connection(("127.0.0.1", deadlines.port))
+    with sock:
+        ended = _read_until_closed(sock, time.monotonic(), HEADER_S + SLACK_S + 1)
+    _assert_closed_at(ended, HEADER_S)
+    assert ended.data == b""
+
+
+def test_a_body_trickled_a_byte_a_second_gets_a_408_and_the_connection_closes(deadlines):
+    sock, start = _slow_body(deadlines.port)
+    with sock:
+        ended = _read_until_closed(sock, start, BODY_S + SLACK_S + 1)
+    _assert_closed_at(ended, BODY_S)
+    assert ended.statuses == [408]
+    assert b"connection: close" in ended.data.lower()
+    error = ended.error()
+    assert error["type"] == "invalid_request_error" and "body" in error["message"]
+
+
+def test_a_trickled_body_the_app_never_reads_does_not_hold_the_connection(deadlines):
+    """/version answers without reading the body; the server still closes the connection
+    (the app's 408 was not needed: its grace is spent) while the client keeps trickling."""
+    sock, start = _slow_body(deadlines.port, "/version", "GET")
+    with sock:
+        ended = _read_until_closed(sock, start, BODY_S + BODY_CLOSE_GRACE_SECONDS + SLACK_S + 1)
+    _assert_closed_at(ended, BODY_S + BODY_CLOSE_GRACE_SECONDS)
+    assert ended.statuses == [200]
+
+
+def test_a_request_that_arrives_in_time_in_pieces_is_served(deadlines):
+    """Headers and body in pieces, each part well within its deadline, then a second request
+    on the same connection: both served, nothing closed."""
+    whole = _request("/v1/completions", COMPLETION)
+    cut = whole.index(b"\r\n\r\n") + 4
+    with socket.create_connection(("127.0.0.1", deadlines.port)) as sock:
+        sock.sendall(whole[:20])
+        time.sleep(HEADER_S / 4)
+        sock.sendall(whole[20:cut])
+        time.sleep(BODY_S / 4)
+        sock.sendall(whole[cut : cut + 10])
+        time.sleep(BODY_S / 4)
+        sock.sendall(whole[cut + 10 :])
+        first = _one_response(sock)
+        assert first.startswith(b"HTTP/1.1 200"), first
+        assert json.loads(first.partition(b"\r\n\r\n")[2])["choices"][0]["text"] is not None
+        sock.sendall(whole)
+        assert _one_response(sock).startswith(b"HTTP/1.1 200")
+
+
+def test_an_idle_kept_alive_connection_lives_by_the_keep_alive_timeout(deadlines):
+    """Idle between requests past the header deadline (but within --timeout-keep-alive) it is
+    still open and serves the next request; idle past --timeout-keep-alive it is closed."""
+    assert KEEP_ALIVE_S > HEADER_S + 1
+    version = _request("/version", method="GET")
+    with socket.create_connection(("127.0.0.1", deadlines.port)) as sock:
+        sock.sendall(version)
+        assert _one_response(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(HEADER_S + 0.5)
+        sock.sendall(version)
+        assert _one_response(sock).startswith(b"HTTP/1.1 200")
+        ended = _read_until_closed(sock, time.monotonic(), KEEP_ALIVE_S + SLACK_S + 1)
+    _assert_closed_at(ended, KEEP_ALIVE_S)
+    assert ended.data == b""
+
+
+def test_the_next_request_on_a_kept_alive_connection_has_the_header_deadline(deadlines):
+    """Once its first byte arrives, the keep-alive timer stops and the header deadline runs."""
+    with socket.create_connection(("127.0.0.1", deadlines.port)) as sock:
+        sock.sendall(_request("/version", method="GET"))
+        assert _one_response(sock).startswith(b"HTTP/1.1 200")
+        start = time.monotonic()
+        _trickle(sock, b"GET /version HTTP/1.1\r\nHost: x\r\n\r\n", every=0.5)
+        ended = _read_until_closed(sock, start, HEADER_S + SLACK_S + 1)
+    _assert_closed_at(ended, HEADER_S + 0.5)  # the deadline starts with the first byte, at 0.5 s
+    assert ended.statuses == [408]
+
+
+def test_others_are_served_while_slow_clients_wait_for_their_deadlines(deadlines):
+    """Trickling headers, trickling bodies and a silent connection at once, under the
+    connection limit: a completion is served meanwhile, and each slow one is closed at its
+    deadline."""
+    slow = [_partial_header(deadlines.port) for _ in range(4)]
+    slow += [_slow_body(deadlines.port) for _ in range(4)]
+    results: list[Ended] = [None] * len(slow)  # type: ignore[list-item]
+
+    def watch(i: int) -> None:
+        sock, start = slow[i]
+        results[i] = _read_until_closed(sock, start, max(HEADER_S, BODY_S) + SLACK_S + 1)
+
+    watchers = [threading.Thread(target=watch, args=(i,)) for i in range(len(slow))]
+    for thread in watchers:
+        thread.start()
+    try:
+        began = time.monotonic()
+        reply = httpx.post(
+            f"{deadlines.url}/v1/completions", content=COMPLETION, headers=JSON, timeout=60
+        )
+        assert reply.status_code == 200
+        assert time.monotonic() - began < min(HEADER_S, BODY_S), "waited for a slow client"
+    finally:
+        for thread in watchers:
+            thread.join()  # each within its bounded wait
+        for sock, _ in slow:
+            sock.close()
+    for ended in results[:4]:
+        _assert_closed_at(ended, HEADER_S)
+        assert ended.statuses == [408] and "headers" in ended.error()["message"]
+    for ended in results[4:]:
+        _assert_closed_at(ended, BODY_S)
+        assert ended.statuses == [408] and "body" in ended.error()["message"]
+    timeouts = scrape(f"{deadlines.url}/metrics")
+    assert metric_sum(timeouts, "kvledger_http_request_timeouts_total", phase="header") >= 4
+    assert metric_sum(timeouts, "kvledger_http_request_timeouts_total", phase="body") >= 4
+
+
+def test_connections_past_the_limit_are_freed_by_the_header_deadline(deadlines):
+    """The issue's lock-out: more stalled connections than --limit-concurrency shut everyone
+    else out (503) until the header deadline closes them, with no help from their clients."""
+    stalled = [socket.create_connection(("127.0.0.1", deadlines.port)) for _ in range(LIMIT + 4)]
+    start = time.monotonic()
+    try:
+        for sock in stalled:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        assert httpx.get(f"{deadlines.url}/health", timeout=10).status_code == 503
+        for sock in stalled:
+            _assert_closed_at(_read_until_closed(sock, start, HEADER_S + SLACK_S + 1), HEADER_S)
+        assert httpx.get(f"{deadlines.url}/health", timeout=10).status_code == 200
+    finally:
+        for sock in stalled:
+            sock.close()
