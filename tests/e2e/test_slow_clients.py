@@ -14,13 +14,13 @@ import json
 import socket
 import threading
 import time
-from dataclasses import dataclass
 
 import httpx
 import pytest
 
 from server.connections import BODY_CLOSE_GRACE_SECONDS
 from tests.serving import metric_sum, scrape, start_serve
+from tests.sockets import Ended, read_until_closed
 
 
 def _trickling(port: int) -> socket.socket:
@@ -81,40 +81,6 @@ def deadlines(tmp_path_factory):
     )
     yield served
     served.stop()
-
-
-@dataclass
-class Ended:
-    """How the server ended a connection: what it sent, and when the connection closed,
-    counted from `start` (when the client had sent what starts the deadline)."""
-
-    data: bytes
-    seconds: float
-    how: str  # "eof" (the server closed it), "reset", or "open" (still open after the wait)
-
-    @property
-    def statuses(self) -> list[int]:
-        lines = self.data.split(b"\r\n")
-        return [int(line.split()[1]) for line in lines if line.startswith(b"HTTP/1.1 ")]
-
-    def error(self) -> dict:
-        return json.loads(self.data[self.data.rindex(b"\r\n\r\n") + 4 :])["error"]
-
-
-def _read_until_closed(sock: socket.socket, start: float, wait: float) -> Ended:
-    sock.settimeout(0.2)
-    data = b""
-    while time.monotonic() - start < wait:
-        try:
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            continue
-        except ConnectionResetError:
-            return Ended(data, time.monotonic() - start, "reset")
-        if not chunk:
-            return Ended(data, time.monotonic() - start, "eof")
-        data += chunk
-    return Ended(data, time.monotonic() - start, "open")
 
 
 def _trickle(sock: socket.socket, data: bytes, every: float = 1.0) -> threading.Thread:
@@ -178,7 +144,7 @@ def _one_response(sock: socket.socket) -> bytes:
 def test_headers_trickled_a_byte_a_second_are_cut_at_the_header_deadline(deadlines):
     sock, start = _partial_header(deadlines.port)
     with sock:
-        ended = _read_until_closed(sock, start, HEADER_S + SLACK_S + 1)
+        ended = read_until_closed(sock, start, HEADER_S + SLACK_S + 1)
     _assert_closed_at(ended, HEADER_S)
     assert ended.statuses == [408]
     error = ended.error()
@@ -189,7 +155,7 @@ def test_a_connection_that_sends_nothing_is_closed_silently_at_the_header_deadli
     """No 408 there: a client may be about to use it, and must not read one as its answer."""
     sock = socket.create_connection(("127.0.0.1", deadlines.port))
     with sock:
-        ended = _read_until_closed(sock, time.monotonic(), HEADER_S + SLACK_S + 1)
+        ended = read_until_closed(sock, time.monotonic(), HEADER_S + SLACK_S + 1)
     _assert_closed_at(ended, HEADER_S)
     assert ended.data == b""
 
@@ -197,7 +163,7 @@ def test_a_connection_that_sends_nothing_is_closed_silently_at_the_header_deadli
 def test_a_body_trickled_a_byte_a_second_gets_a_408_and_the_connection_closes(deadlines):
     sock, start = _slow_body(deadlines.port)
     with sock:
-        ended = _read_until_closed(sock, start, BODY_S + SLACK_S + 1)
+        ended = read_until_closed(sock, start, BODY_S + SLACK_S + 1)
     _assert_closed_at(ended, BODY_S)
     assert ended.statuses == [408]
     assert b"connection: close" in ended.data.lower()
@@ -210,7 +176,7 @@ def test_a_trickled_body_the_app_never_reads_does_not_hold_the_connection(deadli
     (the app's 408 was not needed: its grace is spent) while the client keeps trickling."""
     sock, start = _slow_body(deadlines.port, "/version", "GET")
     with sock:
-        ended = _read_until_closed(sock, start, BODY_S + BODY_CLOSE_GRACE_SECONDS + SLACK_S + 1)
+        ended = read_until_closed(sock, start, BODY_S + BODY_CLOSE_GRACE_SECONDS + SLACK_S + 1)
     _assert_closed_at(ended, BODY_S + BODY_CLOSE_GRACE_SECONDS)
     assert ended.statuses == [200]
 
@@ -246,7 +212,7 @@ def test_an_idle_kept_alive_connection_lives_by_the_keep_alive_timeout(deadlines
         time.sleep(HEADER_S + 0.5)
         sock.sendall(version)
         assert _one_response(sock).startswith(b"HTTP/1.1 200")
-        ended = _read_until_closed(sock, time.monotonic(), KEEP_ALIVE_S + SLACK_S + 1)
+        ended = read_until_closed(sock, time.monotonic(), KEEP_ALIVE_S + SLACK_S + 1)
     _assert_closed_at(ended, KEEP_ALIVE_S)
     assert ended.data == b""
 
@@ -258,7 +224,7 @@ def test_the_next_request_on_a_kept_alive_connection_has_the_header_deadline(dea
         assert _one_response(sock).startswith(b"HTTP/1.1 200")
         start = time.monotonic()
         _trickle(sock, b"GET /version HTTP/1.1\r\nHost: x\r\n\r\n", every=0.5)
-        ended = _read_until_closed(sock, start, HEADER_S + SLACK_S + 1)
+        ended = read_until_closed(sock, start, HEADER_S + SLACK_S + 1)
     _assert_closed_at(ended, HEADER_S + 0.5)  # the deadline starts with the first byte, at 0.5 s
     assert ended.statuses == [408]
 
@@ -273,7 +239,7 @@ def test_others_are_served_while_slow_clients_wait_for_their_deadlines(deadlines
 
     def watch(i: int) -> None:
         sock, start = slow[i]
-        results[i] = _read_until_closed(sock, start, max(HEADER_S, BODY_S) + SLACK_S + 1)
+        results[i] = read_until_closed(sock, start, max(HEADER_S, BODY_S) + SLACK_S + 1)
 
     watchers = [threading.Thread(target=watch, args=(i,)) for i in range(len(slow))]
     for thread in watchers:
@@ -311,7 +277,7 @@ def test_connections_past_the_limit_are_freed_by_the_header_deadline(deadlines):
             sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
         assert httpx.get(f"{deadlines.url}/health", timeout=10).status_code == 503
         for sock in stalled:
-            _assert_closed_at(_read_until_closed(sock, start, HEADER_S + SLACK_S + 1), HEADER_S)
+            _assert_closed_at(read_until_closed(sock, start, HEADER_S + SLACK_S + 1), HEADER_S)
         assert httpx.get(f"{deadlines.url}/health", timeout=10).status_code == 200
     finally:
         for sock in stalled:
