@@ -116,8 +116,8 @@ def test_backend_equals_torch_backend_on_mixed_steps(
 
 def test_decode_only_steps_equal_torch_backend_over_many_steps(kernel, tiny_llama_dir) -> None:
     """Greedy decoding of three sequences of different lengths, step by step, through both
-    backends: the same tokens and logits at every step (decode-only steps take the kernel's
-    whole-layer path)."""
+    backends: the same tokens and logits at every step (decode-only steps return the decode
+    rows' attention as the layer's whole output)."""
     prompts = [random_tokens(n, 30522, seed=80 + n) for n in (5, 33, 70)]
 
     def decode(runner) -> tuple[list[list[int]], torch.Tensor]:  # noqa: ANN001

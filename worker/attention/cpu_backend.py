@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from worker.attention.base import AttentionMetadata
-from worker.attention.torch_backend import TorchAttention, TorchPlan, write_kv
+from worker.attention.torch_backend import TorchAttention
 
 
 @dataclass
@@ -28,7 +28,6 @@ class KernelDecode:
     block_tables: torch.Tensor  # [n, width] long
     context_lens: torch.Tensor  # [n] long: keys each query sees (its position + 1)
     window: int  # sliding window (0: none)
-    all_rows: bool  # the step is decode-only: the kernel's output is the whole layer's
 
 
 Kernel = Callable[..., torch.Tensor]
@@ -52,7 +51,6 @@ class CpuPagedAttention(TorchAttention):
                 [meta.start_pos_list[i] + 1 for i in seqs], dtype=torch.long, device=device
             ),
             window=meta.sliding_window or 0,
-            all_rows=len(seqs) == meta.num_seqs and len(rows) == meta.slot_mapping.numel(),
         )
 
     def attend_decode(
@@ -63,23 +61,6 @@ class CpuPagedAttention(TorchAttention):
         group: KernelDecode,
         scale: float,
     ) -> torch.Tensor:
-        queries = q if group.all_rows else q[group.token_idx]
         return self.kernel(
-            queries, k_cache, v_cache, group.block_tables, group.context_lens, group.window, scale
+            q, k_cache, v_cache, group.block_tables, group.context_lens, group.window, scale
         )
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        plan: TorchPlan,
-        scale: float,
-    ) -> torch.Tensor:
-        group = plan.decode
-        if group is None or not group.all_rows:
-            return super().forward(q, k, v, k_cache, v_cache, plan, scale)
-        write_kv(k, v, k_cache, v_cache, plan.slot_mapping)  # every write before any read
-        return self.attend_decode(q, k_cache, v_cache, group, scale)

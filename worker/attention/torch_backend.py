@@ -100,7 +100,7 @@ class TorchAttention(AttentionBackend):
         group: Any,
         scale: float,
     ) -> torch.Tensor:
-        """[n, H, D]: the decode rows' attention over their contexts."""
+        """q [n, H, D]: the decode rows' queries, in the group's order -> their attention."""
         return _attend_decode(q, k_cache, v_cache, group, scale)
 
     def forward(
@@ -114,11 +114,15 @@ class TorchAttention(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, plan.slot_mapping)  # every write before any read
+        decode = plan.decode
+        if decode is not None and not plan.prefills:  # decode-only: every row, in order
+            return self.attend_decode(q, k_cache, v_cache, decode, scale)
         out = torch.empty_like(q)
         for seq in plan.prefills:
             out[seq.q_start : seq.q_end] = _attend_prefill(q, k_cache, v_cache, seq, scale)
-        if plan.decode is not None:
-            out[plan.decode.token_idx] = self.attend_decode(q, k_cache, v_cache, plan.decode, scale)
+        if decode is not None:
+            rows = decode.token_idx
+            out[rows] = self.attend_decode(q[rows], k_cache, v_cache, decode, scale)
         return out
 
 
@@ -165,7 +169,7 @@ def _attend_decode(
     k_blocks, v_blocks = group.gather(k_cache, v_cache)
     keys = k_blocks.view(n, width * k_cache.shape[1], *k_cache.shape[2:]).transpose(1, 2)
     values = v_blocks.view(n, width * v_cache.shape[1], *v_cache.shape[2:]).transpose(1, 2)
-    queries = q[group.token_idx].unsqueeze(2)  # [n, H, 1, D]
+    queries = q.unsqueeze(2)  # [n, H, 1, D]
     out = F.scaled_dot_product_attention(
         queries, keys, values, attn_mask=group.mask, scale=scale, enable_gqa=True
     )
