@@ -1,6 +1,6 @@
 import pytest
 
-from tests.service.test_links import running_scheduler
+from tests.service.helpers import running_scheduler
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import time
 
 import httpx
 
-from tests.e2e.test_faults import cmdline
+from tests.e2e.helpers import cmdline
 from tests.serving import descendants, metric_sum, scrape, start_serve
 
 MODEL = "tiny-llama"

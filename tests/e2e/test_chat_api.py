@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.test_frontend_api import idle
+from tests.e2e.helpers import idle
 from tests.serving import start_serve
 
 KEY = "key-chat"

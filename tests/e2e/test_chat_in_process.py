@@ -15,8 +15,8 @@ import pytest
 from kvledger.models import resolve_model
 from protos import frontend_pb2, worker_pb2
 from server.app import Settings
-from tests.e2e.test_frontend_in_process import with_app
-from tests.service.test_links import PositionRunner, wait_for
+from tests.e2e.helpers import with_app
+from tests.service.helpers import PositionRunner, wait_for
 from worker.executor import Executor
 from worker.link import WorkerLinkClient
 from worker.metrics import WorkerMetrics

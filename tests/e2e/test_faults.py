@@ -15,17 +15,11 @@ import httpx
 import openai
 import pytest
 
+from tests.e2e.helpers import cmdline
 from tests.serving import REPO, descendants, free_port, metric_sum, scrape, start_serve
 
 MODEL = "tiny-llama"
 PROMPTS = [f"request number {i} asks the ledger for a long answer" for i in range(4)]
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 def test_kill_9_a_worker_mid_stream_requests_finish_on_the_other(tmp_path):

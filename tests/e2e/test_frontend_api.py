@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.errors import install_error_handlers
+from tests.e2e.helpers import idle
 from tests.serving import descendants, metric_sum, scrape, start_serve
 
 KEY_A, KEY_B = "key-tenant-a", "key-tenant-b"
@@ -53,21 +54,6 @@ def http(served):
         base_url=served.url, headers={"Authorization": f"Bearer {KEY_A}"}, timeout=60
     ) as c:
         yield c
-
-
-def idle(served, timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = scrape(served.scheduler_metrics_url)
-        if (
-            metric_sum(s, "kvledger_kv_blocks_in_use") == 0
-            and metric_sum(s, "kvledger_tracker_entries") == 0
-            and metric_sum(s, "kvledger_num_requests_running") == 0
-            and metric_sum(s, "kvledger_num_requests_waiting") == 0
-        ):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 GUARDED = [

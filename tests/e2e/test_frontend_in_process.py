@@ -19,13 +19,13 @@ from collections.abc import Iterator
 import grpc
 import httpx
 import pytest
-from httpx import ASGITransport, AsyncClient
 
 from kvledger.models import resolve_model
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
 from server import client as client_module
-from server.app import Settings, build_app
-from tests.service.test_links import PositionRunner, ledger_idle, running_scheduler, wait_for
+from server.app import Settings
+from tests.e2e.helpers import with_app
+from tests.service.helpers import PositionRunner, ledger_idle, running_scheduler, wait_for
 from tests.serving import REPO, free_port
 from worker.batch import SeqChunk
 from worker.executor import Executor
@@ -84,14 +84,6 @@ def strict_json(text: str):  # noqa: ANN201
         raise ValueError(f"not JSON: {constant}")
 
     return json.loads(text, parse_constant=refuse)
-
-
-async def with_app(settings: Settings, body) -> object:  # noqa: ANN001
-    app = build_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = ASGITransport(app, raise_app_exceptions=False)
-        async with AsyncClient(transport=transport, base_url="http://t", timeout=30) as http:
-            return await body(app, http)
 
 
 # ---- one model whose tokenizer cannot be loaded ----

@@ -27,7 +27,7 @@ from schemathesis import engine
 from schemathesis.core.failures import AcceptedNegativeData
 from schemathesis.engine import Status, events
 
-from tests.e2e.test_frontend_api import idle
+from tests.e2e.helpers import idle
 from tests.serving import start_serve
 
 KEY = "key-schema-fuzz"

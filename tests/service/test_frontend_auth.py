@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protos import frontend_pb2, frontend_pb2_grpc
 from server.client import SchedulerClient
 from tests.deploy.tools import REPO
-from tests.service.test_links import running_scheduler
+from tests.service.helpers import running_scheduler
 from tests.serving import free_port
 
 TOKEN = "frontend-s3cret"

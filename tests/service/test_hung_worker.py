@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
-from tests.service.test_links import (
+from tests.service.helpers import (
     PositionRunner,
     Worker,
     expected_tokens,

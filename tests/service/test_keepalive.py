@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.service.test_links import Worker, wait_for
+from tests.service.helpers import Worker, wait_for
 from tests.serving import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import grpc
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
 from scheduler_svc.engine import REGISTRATION_LIMITS
 from tests.deploy.tools import REPO
-from tests.service.test_links import PositionRunner, running_scheduler, wait_for
+from tests.service.helpers import PositionRunner, running_scheduler, wait_for
 from tests.serving import free_port
 from worker.executor import Executor
 from worker.link import WorkerLinkClient

@@ -10,23 +10,8 @@ import threading
 
 from kvledger.flags import SCHEDULER, parse
 from scheduler_svc.__main__ import start
-from tests.service.test_links import PositionRunner, Worker, generate, wait_for
+from tests.service.helpers import GatedRunner, Worker, generate, wait_for
 from tests.serving import free_port, metric_sum, scrape
-from worker.batch import SeqChunk
-
-
-class GatedRunner(PositionRunner):
-    """Holds the step that computes position `at` of request `rid` until released."""
-
-    def __init__(self, rid: str, at: int) -> None:
-        self.rid, self.at = rid, at
-        self.reached, self.release = threading.Event(), threading.Event()
-
-    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
-        if any(c.request_id == self.rid and c.start_pos == self.at for c in chunks):
-            self.reached.set()
-            assert self.release.wait(10)
-        return super().execute(chunks)
 
 
 def collect(target: str, rid: str, prompt: list[int], max_tokens: int, out: dict) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from tests.service.test_links import (
+from tests.service.helpers import (
     Worker,
     expected_tokens,
     generate,

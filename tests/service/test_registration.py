@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from protos import frontend_pb2, worker_pb2
-from tests.service.test_links import (
+from tests.service.helpers import (
     EOS,
     VOCAB,
     PositionRunner,

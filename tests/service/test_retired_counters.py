@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from scheduler_svc.core.stats import SchedulerSnapshot
 from scheduler_svc.metrics import RetiredLedgers
-from tests.service.test_links import (
+from tests.service.helpers import (
+    GatedRunner,
     Worker,
     expected_tokens,
     generate,
@@ -13,7 +14,6 @@ from tests.service.test_links import (
     running_scheduler,
     wait_for,
 )
-from tests.service.test_live_counters import GatedRunner
 from tests.serving import scrape
 
 LEDGER_COUNTERS = (

@@ -14,7 +14,7 @@ from protos import frontend_pb2, worker_pb2
 from scheduler_svc.__main__ import check_worker_auth
 from tests.deploy.compose import compose_argv, compose_env
 from tests.deploy.tools import REPO, run
-from tests.service.test_links import PositionRunner, running_scheduler, wait_for
+from tests.service.helpers import PositionRunner, running_scheduler, wait_for
 from tests.serving import free_port
 from worker.executor import Executor
 from worker.link import WorkerLinkClient

@@ -154,3 +154,49 @@ def run_mixed(runner: ModelRunner) -> torch.Tensor:
         SeqChunk("s", prompts["s"][bs:], bs, tables["s"], True),
     ]
     return torch.cat([decodes, runner.logits_for(mixed, all_tokens=True)])
+
+
+ATOL = 1e-4
+
+
+def hf_model(path: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def hf_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].float()
+
+
+def greedy(runner: ModelRunner, prompt: list[int], steps: int) -> list[int]:
+    """Prefill, then one decode step at a time, the way the scheduler drives the worker."""
+    bs = runner.block_size
+    table = list(range(-(-(len(prompt) + steps) // bs)))
+    tokens = list(prompt)
+    out: list[int] = []
+    chunk = SeqChunk("g", list(prompt), 0, table, True)
+    for _ in range(steps):
+        (sample,) = runner.execute([chunk])
+        assert sample is not None and sample.error is None
+        token = sample.token_id
+        out.append(token)
+        chunk = SeqChunk("g", [token], len(tokens), table, True)
+        tokens.append(token)
+    return out
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], steps: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        # an explicit mask: generate would otherwise mask prompt tokens equal to pad_token_id
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=steps,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()

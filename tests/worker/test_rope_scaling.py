@@ -14,8 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.worker.helpers import full_logits, make_runner, random_tokens, save_hf_model
-from tests.worker.test_llama_parity import ATOL, greedy, hf_greedy, hf_logits, hf_model
+from tests.worker.helpers import (
+    ATOL,
+    full_logits,
+    greedy,
+    hf_greedy,
+    hf_logits,
+    hf_model,
+    make_runner,
+    random_tokens,
+    save_hf_model,
+)
 from worker.batch import SeqChunk
 from worker.config import ModelConfig, RopeConfig, UnsupportedModelError
 from worker.layers.rotary import (

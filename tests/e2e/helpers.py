@@ -1,0 +1,42 @@
+"""What the end-to-end tests share (imported by name; conftest holds only fixtures)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from httpx import ASGITransport, AsyncClient
+
+from server.app import build_app
+from server.settings import Settings
+from tests.serving import metric_sum, scrape
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def idle(served, timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = scrape(served.scheduler_metrics_url)
+        if (
+            metric_sum(s, "kvledger_kv_blocks_in_use") == 0
+            and metric_sum(s, "kvledger_tracker_entries") == 0
+            and metric_sum(s, "kvledger_num_requests_running") == 0
+            and metric_sum(s, "kvledger_num_requests_waiting") == 0
+        ):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+async def with_app(settings: Settings, body) -> object:  # noqa: ANN001
+    app = build_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = ASGITransport(app, raise_app_exceptions=False)
+        async with AsyncClient(transport=transport, base_url="http://t", timeout=30) as http:
+            return await body(app, http)
