@@ -220,6 +220,15 @@ ROWS: list[Row] = [
                 unit="reqps",
             ),
             Panel(
+                "Slow clients cut off /s",
+                "Connections the frontend closed because a client sent its request line and "
+                "headers (phase header, --timeout-request-header) or its body (phase body, "
+                "--timeout-request-body) too slowly. A steady rate is a slow-client attack or "
+                "a broken client; docs/operations.md, slow clients.",
+                [(rate("kvledger_http_request_timeouts_total", "phase"), "{{phase}}")],
+                unit="ops",
+            ),
+            Panel(
                 "Scrape targets up",
                 "1 when Prometheus reaches the service's metrics endpoint.",
                 [("up", "{{job}} {{instance}}")],

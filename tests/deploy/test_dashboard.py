@@ -23,8 +23,9 @@ from tests.deploy.tools import REPO, require, run
 GRAFANA = REPO / "deploy" / "grafana"
 
 # DESIGN section 9, plus those the code exports beyond it: kv_blocks_cached (the scheduler's
-# "blocks cached" gauge), http_requests_total (the frontend's only metric) and
-# worker_step_timeouts_total (workers dropped by --worker-step-timeout).
+# "blocks cached" gauge), http_requests_total (the frontend's responses),
+# http_request_timeouts_total (slow clients cut off) and worker_step_timeouts_total (workers
+# dropped by --worker-step-timeout).
 CONTRACT = {
     f"kvledger_{n}"
     for n in (
@@ -56,6 +57,7 @@ CONTRACT = {
 BEYOND_DESIGN = {
     "kvledger_kv_blocks_cached",
     "kvledger_http_requests_total",
+    "kvledger_http_request_timeouts_total",
     "kvledger_worker_step_timeouts_total",
 }
 HISTOGRAMS = {
