@@ -130,6 +130,15 @@ FLAGS: tuple[Flag, ...] = (
         "chat template for /v1/chat/completions (a file path or the template text), used "
         "instead of each model's own",
     ),
+    _f(
+        "--scheduler-reconnect-timeout",
+        [FRONTEND],
+        "seconds a live request waits for a lost scheduler (restarted, or unreachable) before "
+        "it fails; once the scheduler answers again, the request goes on where its stream "
+        "was, as a continuation; 0 = fail at once",
+        type=float,
+        default=30.0,
+    ),
     # scheduler
     _f(
         "--grpc-host", [SCHEDULER], "address the scheduler's gRPC server binds", default="127.0.0.1"

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
+# Initial metadata the scheduler sends once it has admitted a Generate call: from then on the
+# request is live, and the frontend re-submits it if the link breaks (server/resume.py); a
+# call that fails before it was never admitted and fails as it did.
+ADMITTED = ("kvledger-admitted", "1")
+
 # HTTP/2 keepalive pings: a worker or scheduler that vanished without closing its connection
 # (power loss, partition, SIGSTOP) breaks the stream within ~15 s instead of never. The ping's
 # own timeout is `http2.ping_timeout_ms` (60 s by default): `keepalive_timeout_ms` alone did
@@ -19,7 +24,15 @@ _MESSAGES = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
 
-CHANNEL_OPTIONS = _MESSAGES + _KEEPALIVE
+# A lost scheduler is reconnected to within ~2 s of its return (gRPC's default backoff grows
+# to 120 s): live requests and workers wait on it (--scheduler-reconnect-timeout).
+_RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+]
+
+CHANNEL_OPTIONS = _MESSAGES + _KEEPALIVE + _RECONNECT
 SERVER_OPTIONS = (
     _MESSAGES
     + _KEEPALIVE

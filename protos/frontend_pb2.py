@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15protos/frontend.proto\x12\x11kvledger.frontend\"\xfb\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x10\n\x08logprobs\x18\t \x01(\x05\x12\x1c\n\x0fprompt_logprobs\x18\n \x01(\rH\x01\x88\x01\x01\x12\x44\n\nlogit_bias\x18\x0b \x03(\x0b\x32\x30.kvledger.frontend.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x12\n\x10_prompt_logprobs\"b\n\x0cStopCriteria\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\r\x12\x12\n\nignore_eos\x18\x03 \x01(\x08\x12\x12\n\nmin_tokens\x18\x04 \x01(\r\"\x83\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x33\n\x08sampling\x18\x04 \x01(\x0b\x32!.kvledger.frontend.SamplingParams\x12-\n\x04stop\x18\x05 \x01(\x0b\x32\x1f.kvledger.frontend.StopCriteria\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x19\n\x11skip_prefix_cache\x18\x08 \x01(\x08\x12\x0e\n\x06tenant\x18\t \x01(\t\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"]\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12*\n\x03top\x18\x03 \x03(\x0b\x32\x1d.kvledger.frontend.TopLogprob\"\xf0\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x03 \x01(\r\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x31\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\x12\x38\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x95\x01\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12+\n\x06inputs\x18\x03 \x03(\x0b\x32\x1b.kvledger.frontend.TokenIds\x12\x11\n\tnormalize\x18\x04 \x01(\x08\x12\x12\n\ndimensions\x18\x05 \x01(\r\x12\x0e\n\x06tenant\x18\x06 \x01(\t\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\\\n\rEmbedResponse\x12\x30\n\nembeddings\x18\x01 \x03(\x0b\x32\x1c.kvledger.frontend.Embedding\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\"2\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x13\n\x11ListModelsRequest\"\xdc\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x04kind\x18\x02 \x01(\x0e\x32\x1c.kvledger.frontend.ModelKind\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x15\n\reos_token_ids\x18\x06 \x03(\r\x12\x13\n\x0bnum_workers\x18\x07 \x01(\r\x12\x12\n\nblock_size\x18\x08 \x01(\r\x12\x16\n\x0e\x65mbedding_size\x18\t \x01(\r\"B\n\x12ListModelsResponse\x12,\n\x06models\x18\x01 \x03(\x0b\x32\x1c.kvledger.frontend.ModelInfo\"\x19\n\x17ResetPrefixCacheRequest\")\n\x18ResetPrefixCacheResponse\x12\r\n\x05reset\x18\x01 \x01(\x08*V\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MODEL_KIND_GENERATE\x10\x01\x12\x14\n\x10MODEL_KIND_EMBED\x10\x02\x32\xc2\x03\n\tScheduler\x12U\n\x08Generate\x12\".kvledger.frontend.GenerateRequest\x1a#.kvledger.frontend.GenerateResponse0\x01\x12J\n\x05\x45mbed\x12\x1f.kvledger.frontend.EmbedRequest\x1a .kvledger.frontend.EmbedResponse\x12J\n\x05\x41\x62ort\x12\x1f.kvledger.frontend.AbortRequest\x1a .kvledger.frontend.AbortResponse\x12Y\n\nListModels\x12$.kvledger.frontend.ListModelsRequest\x1a%.kvledger.frontend.ListModelsResponse\x12k\n\x10ResetPrefixCache\x12*.kvledger.frontend.ResetPrefixCacheRequest\x1a+.kvledger.frontend.ResetPrefixCacheResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15protos/frontend.proto\x12\x11kvledger.frontend\"\xfb\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x10\n\x08logprobs\x18\t \x01(\x05\x12\x1c\n\x0fprompt_logprobs\x18\n \x01(\rH\x01\x88\x01\x01\x12\x44\n\nlogit_bias\x18\x0b \x03(\x0b\x32\x30.kvledger.frontend.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x12\n\x10_prompt_logprobs\"b\n\x0cStopCriteria\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\r\x12\x12\n\nignore_eos\x18\x03 \x01(\x08\x12\x12\n\nmin_tokens\x18\x04 \x01(\r\"\x9e\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x33\n\x08sampling\x18\x04 \x01(\x0b\x32!.kvledger.frontend.SamplingParams\x12-\n\x04stop\x18\x05 \x01(\x0b\x32\x1f.kvledger.frontend.StopCriteria\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x19\n\x11skip_prefix_cache\x18\x08 \x01(\x08\x12\x0e\n\x06tenant\x18\t \x01(\t\x12\x19\n\x11resumed_token_ids\x18\n \x03(\r\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"]\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12*\n\x03top\x18\x03 \x03(\x0b\x32\x1d.kvledger.frontend.TopLogprob\"\xf0\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x03 \x01(\r\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x31\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\x12\x38\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x95\x01\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12+\n\x06inputs\x18\x03 \x03(\x0b\x32\x1b.kvledger.frontend.TokenIds\x12\x11\n\tnormalize\x18\x04 \x01(\x08\x12\x12\n\ndimensions\x18\x05 \x01(\r\x12\x0e\n\x06tenant\x18\x06 \x01(\t\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\\\n\rEmbedResponse\x12\x30\n\nembeddings\x18\x01 \x03(\x0b\x32\x1c.kvledger.frontend.Embedding\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\"2\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x13\n\x11ListModelsRequest\"\xdc\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x04kind\x18\x02 \x01(\x0e\x32\x1c.kvledger.frontend.ModelKind\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x15\n\reos_token_ids\x18\x06 \x03(\r\x12\x13\n\x0bnum_workers\x18\x07 \x01(\r\x12\x12\n\nblock_size\x18\x08 \x01(\r\x12\x16\n\x0e\x65mbedding_size\x18\t \x01(\r\"B\n\x12ListModelsResponse\x12,\n\x06models\x18\x01 \x03(\x0b\x32\x1c.kvledger.frontend.ModelInfo\"\x19\n\x17ResetPrefixCacheRequest\")\n\x18ResetPrefixCacheResponse\x12\r\n\x05reset\x18\x01 \x01(\x08*V\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MODEL_KIND_GENERATE\x10\x01\x12\x14\n\x10MODEL_KIND_EMBED\x10\x02\x32\xc2\x03\n\tScheduler\x12U\n\x08Generate\x12\".kvledger.frontend.GenerateRequest\x1a#.kvledger.frontend.GenerateResponse0\x01\x12J\n\x05\x45mbed\x12\x1f.kvledger.frontend.EmbedRequest\x1a .kvledger.frontend.EmbedResponse\x12J\n\x05\x41\x62ort\x12\x1f.kvledger.frontend.AbortRequest\x1a .kvledger.frontend.AbortResponse\x12Y\n\nListModels\x12$.kvledger.frontend.ListModelsRequest\x1a%.kvledger.frontend.ListModelsResponse\x12k\n\x10ResetPrefixCache\x12*.kvledger.frontend.ResetPrefixCacheRequest\x1a+.kvledger.frontend.ResetPrefixCacheResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_MODELKIND']._serialized_start=1943
-  _globals['_MODELKIND']._serialized_end=2029
+  _globals['_MODELKIND']._serialized_start=1970
+  _globals['_MODELKIND']._serialized_end=2056
   _globals['_SAMPLINGPARAMS']._serialized_start=45
   _globals['_SAMPLINGPARAMS']._serialized_end=424
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=347
@@ -42,35 +42,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STOPCRITERIA']._serialized_start=426
   _globals['_STOPCRITERIA']._serialized_end=524
   _globals['_GENERATEREQUEST']._serialized_start=527
-  _globals['_GENERATEREQUEST']._serialized_end=786
-  _globals['_TOPLOGPROB']._serialized_start=788
-  _globals['_TOPLOGPROB']._serialized_end=835
-  _globals['_TOKENLOGPROB']._serialized_start=837
-  _globals['_TOKENLOGPROB']._serialized_end=930
-  _globals['_GENERATERESPONSE']._serialized_start=933
-  _globals['_GENERATERESPONSE']._serialized_end=1173
-  _globals['_TOKENIDS']._serialized_start=1175
-  _globals['_TOKENIDS']._serialized_end=1198
-  _globals['_EMBEDREQUEST']._serialized_start=1201
-  _globals['_EMBEDREQUEST']._serialized_end=1350
-  _globals['_EMBEDDING']._serialized_start=1352
-  _globals['_EMBEDDING']._serialized_end=1379
-  _globals['_EMBEDRESPONSE']._serialized_start=1381
-  _globals['_EMBEDRESPONSE']._serialized_end=1473
-  _globals['_ABORTREQUEST']._serialized_start=1475
-  _globals['_ABORTREQUEST']._serialized_end=1525
-  _globals['_ABORTRESPONSE']._serialized_start=1527
-  _globals['_ABORTRESPONSE']._serialized_end=1559
-  _globals['_LISTMODELSREQUEST']._serialized_start=1561
-  _globals['_LISTMODELSREQUEST']._serialized_end=1580
-  _globals['_MODELINFO']._serialized_start=1583
-  _globals['_MODELINFO']._serialized_end=1803
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1805
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1871
-  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=1873
-  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=1898
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=1900
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=1941
-  _globals['_SCHEDULER']._serialized_start=2032
-  _globals['_SCHEDULER']._serialized_end=2482
+  _globals['_GENERATEREQUEST']._serialized_end=813
+  _globals['_TOPLOGPROB']._serialized_start=815
+  _globals['_TOPLOGPROB']._serialized_end=862
+  _globals['_TOKENLOGPROB']._serialized_start=864
+  _globals['_TOKENLOGPROB']._serialized_end=957
+  _globals['_GENERATERESPONSE']._serialized_start=960
+  _globals['_GENERATERESPONSE']._serialized_end=1200
+  _globals['_TOKENIDS']._serialized_start=1202
+  _globals['_TOKENIDS']._serialized_end=1225
+  _globals['_EMBEDREQUEST']._serialized_start=1228
+  _globals['_EMBEDREQUEST']._serialized_end=1377
+  _globals['_EMBEDDING']._serialized_start=1379
+  _globals['_EMBEDDING']._serialized_end=1406
+  _globals['_EMBEDRESPONSE']._serialized_start=1408
+  _globals['_EMBEDRESPONSE']._serialized_end=1500
+  _globals['_ABORTREQUEST']._serialized_start=1502
+  _globals['_ABORTREQUEST']._serialized_end=1552
+  _globals['_ABORTRESPONSE']._serialized_start=1554
+  _globals['_ABORTRESPONSE']._serialized_end=1586
+  _globals['_LISTMODELSREQUEST']._serialized_start=1588
+  _globals['_LISTMODELSREQUEST']._serialized_end=1607
+  _globals['_MODELINFO']._serialized_start=1610
+  _globals['_MODELINFO']._serialized_end=1830
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1832
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1898
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=1900
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=1925
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=1927
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=1968
+  _globals['_SCHEDULER']._serialized_start=2059
+  _globals['_SCHEDULER']._serialized_end=2509
 # @@protoc_insertion_point(module_scope)

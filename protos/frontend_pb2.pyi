@@ -62,7 +62,7 @@ class StopCriteria(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt_token_ids", "sampling", "stop", "cache_salt", "priority", "skip_prefix_cache", "tenant")
+    __slots__ = ("request_id", "model", "prompt_token_ids", "sampling", "stop", "cache_salt", "priority", "skip_prefix_cache", "tenant", "resumed_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class GenerateRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     SKIP_PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -81,7 +82,8 @@ class GenerateRequest(_message.Message):
     priority: int
     skip_prefix_cache: bool
     tenant: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Union[StopCriteria, _Mapping]] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., skip_prefix_cache: _Optional[bool] = ..., tenant: _Optional[str] = ...) -> None: ...
+    resumed_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop: _Optional[_Union[StopCriteria, _Mapping]] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., skip_prefix_cache: _Optional[bool] = ..., tenant: _Optional[str] = ..., resumed_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "logprob")

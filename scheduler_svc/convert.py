@@ -22,6 +22,8 @@ def request_from_generate(
     return Request(
         request_id=req.request_id,
         prompt_token_ids=list(req.prompt_token_ids),
+        # a continuation's tokens so far are outputs, as for a request moved off a lost worker
+        output_token_ids=list(req.resumed_token_ids),
         max_tokens=req.stop.max_tokens,
         eos_token_ids=frozenset(eos_token_ids),
         stop_token_ids=frozenset(req.stop.stop_token_ids),

@@ -312,7 +312,12 @@ class Engine:
     def submit_generate(self, req: frontend_pb2.GenerateRequest) -> LiveRequest:
         links = self._check_model(req.model, req.request_id, embed=False)
         reg = links[0].registration
-        self._check_tokens(list(req.prompt_token_ids), reg)
+        self._check_tokens([*req.prompt_token_ids, *req.resumed_token_ids], reg)
+        if req.resumed_token_ids and len(req.resumed_token_ids) >= req.stop.max_tokens:
+            raise PlacementError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "a continuation must hold fewer resumed tokens than max_tokens",
+            )
         core = request_from_generate(req, reg.eos_token_ids)
         live = LiveRequest(core=core, model=req.model, sampling=req.sampling)
         return self._admit(live)

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from kvledger.log import REQUEST_ID
+from kvledger.rpc import ADMITTED
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2, worker_pb2_grpc
 from scheduler_svc.convert import response_from_update
 from scheduler_svc.core.request import FinishReason
@@ -33,6 +34,7 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
         REQUEST_ID.set(request.request_id)  # this call's task: every line it logs names it
         live = await self._submit(context, self.engine.submit_generate, request)
         try:
+            await context.send_initial_metadata((ADMITTED,))  # live from here on
             while True:
                 item = await live.updates.get()
                 if isinstance(item, RequestFailure):

@@ -53,6 +53,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         limits=limits,
         chat_template=checked_chat_template(args.chat_template),
         scheduler_auth_token=args.frontend_auth_token,
+        scheduler_reconnect_timeout=args.scheduler_reconnect_timeout,
     )
 
 

@@ -52,6 +52,15 @@ def build_app(settings: Settings) -> FastAPI:
     )
     for phase in ("header", "body"):
         request_timeouts.labels(phase)  # exported at 0 from the start
+    resumptions = Counter(
+        "kvledger_request_resumptions_total",
+        "live requests whose link to the scheduler broke: re-submitted as continuations and "
+        "admitted (outcome=resumed), or failed past --scheduler-reconnect-timeout (gave_up)",
+        ["outcome"],
+        registry=registry,
+    )
+    for outcome in ("resumed", "gave_up"):
+        resumptions.labels(outcome)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -60,6 +69,8 @@ def build_app(settings: Settings) -> FastAPI:
             tuple(settings.require_models),
             settings.chat_template,
             settings.scheduler_auth_token,
+            settings.scheduler_reconnect_timeout,
+            resumptions,
         )
         yield
         await app.state.scheduler.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import Counter
 from tokenizers import Tokenizer
 
 from kvledger.grpc_auth import bearer_interceptors
@@ -58,8 +59,14 @@ class SchedulerClient:
         required_models: tuple[str, ...] = (),
         chat_template: str | None = None,
         auth_token: str = "",
+        reconnect_timeout: float = 0.0,
+        resumptions: Counter | None = None,
     ) -> None:
         self.required_models = required_models
+        # seconds a live request waits for a broken scheduler link to come back before it
+        # fails; 0 = fail at once (server/resume.py)
+        self.reconnect_timeout = reconnect_timeout
+        self._resumptions = resumptions
         self.chat_template_override = chat_template
         self._templates: dict[str, ChatTemplate | None] = {}
         interceptors = bearer_interceptors(auth_token) if auth_token else None
@@ -78,6 +85,11 @@ class SchedulerClient:
         self._tokenizers: dict[str, Tokenizer] = {}
         self._tokenizer_failures: dict[str, tuple[str, float]] = {}  # path -> (why, when)
         self._lock = asyncio.Lock()
+
+    def count_resumption(self, outcome: str) -> None:
+        """A live request whose scheduler link broke was resumed, or gave up."""
+        if self._resumptions is not None:
+            self._resumptions.labels(outcome).inc()
 
     async def close(self) -> None:
         await self.channel.close()

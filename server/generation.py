@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 import grpc
 
 from protos import frontend_pb2, frontend_pb2_grpc
-from server.client import ServedModel
+from server.client import SchedulerClient, ServedModel
 from server.detokenizer import IncrementalDetokenizer
 from server.errors import APIError, from_grpc
 from server.responses import PromptTokensDetails, Usage
+from server.resume import Resumer, admitted, continuation
 
 FINISH_TIMEOUT_SECONDS = 2.0
 LOGPROB_FLOOR = -9999.0  # vLLM's: JSON has no -inf
@@ -63,7 +64,7 @@ class Choice:
     # max_tokens 0 with echo (OpenAI's way to score a prompt alone): the one token generated
     # to end the request is dropped.
     echo_only: bool = False
-    num_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)  # generated so far (usage, continuations)
     num_cached_tokens: int = 0
     finish_reason: str | None = None
     entries: list[TokenEntry] | None = None  # with logprobs: one per generated token
@@ -104,7 +105,7 @@ class Generation:
 
     def usage(self) -> Usage:
         prompt_tokens = sum(len(p) for p in self.prompts)
-        completion_tokens = sum(c.num_tokens for c in self.choices)
+        completion_tokens = sum(len(c.token_ids) for c in self.choices)
         cached = [0] * len(self.prompts)
         for c in self.choices:
             cached[c.prompt_index] = max(cached[c.prompt_index], c.num_cached_tokens)
@@ -117,37 +118,76 @@ class Generation:
 
 
 async def run_choice(
-    stub: frontend_pb2_grpc.SchedulerStub, generation: Generation, choice: Choice
+    client: SchedulerClient, generation: Generation, choice: Choice
 ) -> AsyncIterator[None]:
-    """Drives one choice; yields each time its text or finish reason changed."""
-    stops = generation.stops
-    call = stub.Generate(choice.request)
+    """Drives one choice; yields each time its text or finish reason changed. A broken link to
+    the scheduler is survived by re-submitting the request as a continuation (server/resume.py)."""
+    resumer = Resumer(client.reconnect_timeout)
+    request = choice.request
+    while True:
+        call = client.stub.Generate(request)
+        try:
+            if not resumer.resuming:
+                resumer.admitted |= await admitted(call)
+            elif await _admitted_in_time(call, resumer, client):
+                client.count_resumption("resumed")
+                resumer.resumed()
+            async for response in call:
+                if resumer.attempts == 0:  # usage counts the first admission's cache hit
+                    choice.num_cached_tokens = response.num_cached_tokens
+                if _apply(generation, choice, response):
+                    await _finish_early(client.stub, request.request_id)
+                yield
+                if choice.finish_reason is not None:
+                    return
+            return
+        except grpc.aio.AioRpcError as err:
+            delay = resumer.retry_after(err)
+            if delay is None:
+                if resumer.resuming:
+                    client.count_resumption("gave_up")
+                raise from_grpc(err) from None
+        finally:
+            call.cancel()  # no-op when finished; aborts the request when we stop early
+        await asyncio.sleep(delay)
+        request = continuation(
+            choice.request, choice.token_ids, resumer.attempts, choice.prompt_entries is not None
+        )
+
+
+async def _admitted_in_time(
+    call: grpc.aio.UnaryStreamCall, resumer: Resumer, client: SchedulerClient
+) -> bool:
     try:
-        async for response in call:
-            choice.num_cached_tokens = response.num_cached_tokens
-            if choice.wants_prompt_logprobs and choice.prompt_entries is None:
-                _add_prompt_entries(generation, choice, response.prompt_logprobs)
-            if not choice.echo_only:
-                _push(choice, response)
-            if response.finish_reason:
-                if response.finish_reason == "error":
-                    raise APIError(500, response.message or "the worker failed this request")
-                choice.text += choice.detokenizer.flush()
-                length = response.finish_reason == "length" or choice.echo_only
-                choice.finish_reason = "length" if length else "stop"
-            if stops and _cut_at_stop(choice, stops):
-                if not response.finish_reason:
-                    await _finish_early(stub, choice.request.request_id)
-                choice.finish_reason = "stop"
-                if choice.entries is not None:
-                    choice.entries = [e for e in choice.entries if e.offset < len(choice.text)]
-            yield
-            if choice.finish_reason is not None:
-                return
-    except grpc.aio.AioRpcError as err:
-        raise from_grpc(err) from None
-    finally:
-        call.cancel()  # no-op when finished; aborts the request when we stop early
+        return await asyncio.wait_for(admitted(call), resumer.time_left())
+    except TimeoutError:
+        client.count_resumption("gave_up")
+        raise APIError(
+            503,
+            f"the scheduler did not come back within {resumer.timeout:g} s; retry later",
+        ) from None
+
+
+def _apply(generation: Generation, choice: Choice, response: frontend_pb2.GenerateResponse) -> bool:
+    """Takes one response into the choice; True when a stop string ended a request that the
+    scheduler still runs (it must be told)."""
+    if choice.wants_prompt_logprobs and choice.prompt_entries is None:
+        _add_prompt_entries(generation, choice, response.prompt_logprobs)
+    if not choice.echo_only:
+        _push(choice, response)
+    if response.finish_reason:
+        if response.finish_reason == "error":
+            raise APIError(500, response.message or "the worker failed this request")
+        choice.text += choice.detokenizer.flush()
+        length = response.finish_reason == "length" or choice.echo_only
+        choice.finish_reason = "length" if length else "stop"
+    stops = generation.stops
+    if stops and _cut_at_stop(choice, stops):
+        choice.finish_reason = "stop"
+        if choice.entries is not None:
+            choice.entries = [e for e in choice.entries if e.offset < len(choice.text)]
+        return not response.finish_reason
+    return False
 
 
 async def _finish_early(stub: frontend_pb2_grpc.SchedulerStub, request_id: str) -> None:
@@ -162,7 +202,7 @@ async def _finish_early(stub: frontend_pb2_grpc.SchedulerStub, request_id: str) 
 
 
 def _push(choice: Choice, response: frontend_pb2.GenerateResponse) -> None:
-    choice.num_tokens += len(response.token_ids)
+    choice.token_ids.extend(response.token_ids)
     if choice.entries is None:
         choice.text += choice.detokenizer.push(list(response.token_ids))
         return
@@ -192,13 +232,13 @@ def _cut_at_stop(choice: Choice, stops: list[str]) -> bool:
     return True
 
 
-async def merged(generation: Generation, stub: frontend_pb2_grpc.SchedulerStub):  # noqa: ANN201
+async def merged(generation: Generation, client: SchedulerClient):  # noqa: ANN201
     """Runs every choice concurrently; yields the choice that changed, as it changes."""
     if len(generation.choices) == 1:
         # One choice (most requests): its stream is read here, with no task and queue between
         # it and the response, which cost a task switch per token.
         (choice,) = generation.choices
-        events = run_choice(stub, generation, choice)
+        events = run_choice(client, generation, choice)
         try:
             async for _ in events:
                 yield choice
@@ -209,7 +249,7 @@ async def merged(generation: Generation, stub: frontend_pb2_grpc.SchedulerStub):
 
     async def pump(choice: Choice) -> None:
         try:
-            async for _ in run_choice(stub, generation, choice):
+            async for _ in run_choice(client, generation, choice):
                 await queue.put((choice, None))
         except BaseException as err:  # noqa: BLE001 - handed to the consumer
             await queue.put((choice, err))

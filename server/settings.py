@@ -17,3 +17,4 @@ class Settings:
     # --chat-template: a file path or the template text; None = each model's own template.
     chat_template: str | None = None
     scheduler_auth_token: str = ""  # --frontend-auth-token, sent with every scheduler call
+    scheduler_reconnect_timeout: float = 30.0  # live requests wait this long for the scheduler

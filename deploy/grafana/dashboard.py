@@ -229,6 +229,13 @@ ROWS: list[Row] = [
                 unit="ops",
             ),
             Panel(
+                "Requests resumed after a scheduler restart /s",
+                "Live requests whose link to the scheduler broke: re-submitted as continuations "
+                "and admitted (resumed), or ended past --scheduler-reconnect-timeout (gave_up).",
+                [(rate("kvledger_request_resumptions_total", "outcome"), "{{outcome}}")],
+                unit="ops",
+            ),
+            Panel(
                 "Scrape targets up",
                 "1 when Prometheus reaches the service's metrics endpoint.",
                 [("up", "{{job}} {{instance}}")],

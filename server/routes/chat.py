@@ -54,7 +54,7 @@ async def chat_completions(
     # Off the event loop, as completions: rendering and tokenizing take their time.
     limits = settings_of(request).limits
     generation = await off_loop(request, _prepare, body, model, salt, tenant_tag(who), limits)
-    events = merged(generation, scheduler(request).stub)
+    events = merged(generation, scheduler(request))
     view = _ChatView(body, generation)
     if body.stream:
         return await sse_response(request, events, view.chunks, view.tail)

@@ -45,7 +45,7 @@ async def completions(body: CompletionRequest, request: Request, who: str = Depe
     generation, echoes = await off_loop(
         request, _prepare, body, model, salt, tenant_tag(who), settings_of(request).limits
     )
-    events = merged(generation, scheduler(request).stub)
+    events = merged(generation, scheduler(request))
     view = _View(body, generation, echoes)
     if body.stream:
         return await sse_response(request, events, view.chunks, view.tail)

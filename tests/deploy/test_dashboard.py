@@ -24,8 +24,9 @@ GRAFANA = REPO / "deploy" / "grafana"
 
 # DESIGN section 9, plus those the code exports beyond it: kv_blocks_cached (the scheduler's
 # "blocks cached" gauge), http_requests_total (the frontend's responses),
-# http_request_timeouts_total (slow clients cut off) and worker_step_timeouts_total (workers
-# dropped by --worker-step-timeout).
+# http_request_timeouts_total (slow clients cut off), request_resumptions_total (requests that
+# outlived a scheduler restart) and worker_step_timeouts_total (workers dropped by
+# --worker-step-timeout).
 CONTRACT = {
     f"kvledger_{n}"
     for n in (
@@ -58,6 +59,7 @@ BEYOND_DESIGN = {
     "kvledger_kv_blocks_cached",
     "kvledger_http_requests_total",
     "kvledger_http_request_timeouts_total",
+    "kvledger_request_resumptions_total",
     "kvledger_worker_step_timeouts_total",
 }
 HISTOGRAMS = {

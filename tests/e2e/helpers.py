@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import httpx
 from httpx import ASGITransport, AsyncClient
 
 from server.app import build_app
 from server.settings import Settings
-from tests.serving import metric_sum, scrape
+from tests.serving import REPO, metric_sum, scrape
 
 
 def cmdline(pid: int) -> str:
@@ -40,3 +44,34 @@ async def with_app(settings: Settings, body) -> object:  # noqa: ANN001
         transport = ASGITransport(app, raise_app_exceptions=False)
         async with AsyncClient(transport=transport, base_url="http://t", timeout=30) as http:
             return await body(app, http)
+
+
+# Shared by the scheduler and the workers these tests start.
+ENV = dict(
+    os.environ,
+    KVLEDGER_WORKER_AUTH_TOKEN="faults-test-token",
+    KVLEDGER_FRONTEND_AUTH_TOKEN="faults-frontend-token",
+)
+
+
+def spawn(module: str, *args: str, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=ENV,
+        )
+
+
+def wait_status(url: str, status: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == status:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"{url} never answered {status}"
+        time.sleep(0.1)

@@ -5,18 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import openai
-import pytest
 
-from tests.e2e.helpers import cmdline
-from tests.serving import REPO, descendants, free_port, metric_sum, scrape, start_serve
+from tests.e2e.helpers import cmdline, spawn, wait_status
+from tests.serving import descendants, free_port, metric_sum, scrape, start_serve
 
 MODEL = "tiny-llama"
 PROMPTS = [f"request number {i} asks the ledger for a long answer" for i in range(4)]
@@ -65,47 +61,6 @@ def test_kill_9_a_worker_mid_stream_requests_finish_on_the_other(tmp_path):
         assert "worker-0 exited with code -9; restarting it" in log
     finally:
         served.stop()
-
-
-# Shared by the scheduler and the workers these tests start.
-ENV = dict(
-    os.environ,
-    KVLEDGER_WORKER_AUTH_TOKEN="faults-test-token",
-    KVLEDGER_FRONTEND_AUTH_TOKEN="faults-frontend-token",
-)
-
-
-def spawn(module: str, *args: str, log: Path) -> subprocess.Popen:
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=ENV,
-        )
-
-
-def wait_status(url: str, status: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if httpx.get(url, timeout=2).status_code == status:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, f"{url} never answered {status}"
-        time.sleep(0.1)
-
-
-@pytest.fixture
-def processes():
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
 
 
 def test_no_worker_is_503_then_a_scheduler_restart_is_survived(tmp_path, processes):
