@@ -74,6 +74,5 @@ class ModelResult:
     errored: dict[str, str] = field(default_factory=dict)  # request_id -> message
     stale_request_ids: list[str] = field(default_factory=list)  # refused claims: recompute
     embedded: list[str] = field(default_factory=list)
-    stored_blocks: list[BlockHashPair] = field(default_factory=list)  # informational
     removed_block_ids: list[int] = field(default_factory=list)
     all_cleared: bool = False  # the worker (re)started: every cached hash is gone

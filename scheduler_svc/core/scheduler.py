@@ -94,11 +94,7 @@ class Scheduler:
             orphans=stats.orphans,
             table_orphans=stats.table_orphans,
             evictions=stats.evictions,
-            hashes_removed=dict(stats.hashes_removed),
             preemptions=stats.preemptions,
-            requests_finished=dict(stats.requests_finished),
-            prompt_tokens=stats.prompt_tokens,
-            generation_tokens=stats.generation_tokens,
             tracker_entries=len(self.tracker),
             blocks_total=kv.num_blocks_total,
             blocks_in_use=kv.num_blocks_total - kv.num_free_blocks,
@@ -332,7 +328,6 @@ class Scheduler:
         if not request.was_admitted:
             request.was_admitted = True
             request.num_cached_tokens = computed
-            self.stats.prompt_tokens += request.num_prompt_tokens
         if caching and not request.skip_prefix_cache:
             self.stats.prefix_cache_queries += request.num_tokens
             self.stats.prefix_cache_hits += computed
@@ -420,7 +415,6 @@ class Scheduler:
     ) -> None:
         requests, sampled, max_len = self.requests, result.sampled, self.max_len
         embedded = set(result.embedded)
-        num_sampled = 0
         for item in scheduled:
             request = requests.get(item.request_id)
             if (
@@ -447,7 +441,6 @@ class Scheduler:
                 updates.append(self._update(request, []))
                 continue
             request.append_output_token(token)
-            num_sampled += 1
             reason = stop_reason(request, token, max_len)
             if reason is not None:
                 self._finish(request, reason, "", "finished", batched=True)
@@ -461,7 +454,6 @@ class Scheduler:
                     len(request.prompt_token_ids),
                 )
             )
-        self.stats.generation_tokens += num_sampled
 
     def _forget_unwritten(self, output: SchedulerOutput, request_ids: set[str]) -> None:
         """Blocks declared written by requests the worker did not run hold no such content.
@@ -515,7 +507,6 @@ class Scheduler:
         request.finish(reason, message)
         del self.requests[rid]
         self.tracker.remove(rid, release_reason)
-        bump(self.stats.requests_finished, reason.value)
 
     def _count_running(self, request: Request, delta: int) -> None:
         load, tenant = self.running_per_tenant, request.tenant
@@ -525,7 +516,6 @@ class Scheduler:
 
     def _finish_at_arrival(self, request: Request, reason: FinishReason, message: str) -> None:
         request.finish(reason, message)
-        bump(self.stats.requests_finished, reason.value)
         self._finished_pending.append(self._update(request, []))
 
     def _update(self, request: Request, new_token_ids: list[int]) -> RequestUpdate:
