@@ -88,7 +88,6 @@ def model_result_from(result: worker_pb2.StepResult) -> ModelResult:
         errored={e.request_id: e.message for e in result.errors},
         stale_request_ids=list(result.stale_request_ids),
         embedded=[e.request_id for e in result.embeddings],
-        stored_blocks=[(b.block_id, b.hash) for b in result.stored],
         removed_block_ids=list(result.removed_block_ids),
         all_cleared=result.all_cleared,
     )

@@ -11,46 +11,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kvledger.buckets import LATENCY_BUCKETS, TOKEN_LATENCY_BUCKETS
 from scheduler_svc.core.stats import SchedulerSnapshot
 
 if TYPE_CHECKING:
     from scheduler_svc.live import LiveRequest
-
-# Buckets wide enough for a 2-core CPU (seconds per token) and an H100 (milliseconds).
-LATENCY_BUCKETS = (
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.08,
-    0.16,
-    0.32,
-    0.64,
-    1.28,
-    2.56,
-    5.12,
-    10.24,
-    20.48,
-    40.96,
-    81.92,
-    163.84,
-)
-TOKEN_LATENCY_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.08,
-    0.16,
-    0.32,
-    0.64,
-    1.28,
-    2.56,
-    5.12,
-)
-
 
 # The snapshot's live gauges: they describe a ledger now and die with it. Every other field is
 # a monotonic counter, which outlives its ledger (see RetiredLedgers).

@@ -2,7 +2,6 @@
 
 from scheduler_svc.core.block_hash import BlockHash, BlockHasher, sha256_block_hash
 from scheduler_svc.core.config import SchedulerConfig
-from scheduler_svc.core.invariants import InvariantViolation
 from scheduler_svc.core.output import (
     BlockHashPair,
     ModelResult,
@@ -19,6 +18,7 @@ from scheduler_svc.core.stats import (
     SchedulerSnapshot,
     SchedulerStats,
 )
+from scheduler_svc.core.violation import InvariantViolation
 
 __all__ = [
     "RELEASE_REASONS",

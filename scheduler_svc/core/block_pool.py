@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from scheduler_svc.core.block_hash import BlockHash
 from scheduler_svc.core.free_block_queue import FreeBlockQueue
 from scheduler_svc.core.kv_block import KVBlock
-from scheduler_svc.core.stats import SchedulerStats, bump
+from scheduler_svc.core.stats import SchedulerStats
 
 
 class BlockPool:
@@ -148,5 +148,4 @@ class BlockPool:
                 stack.extend(block.children)
             block.children = None
             removed += 1
-        bump(self._stats.hashes_removed, source, removed)
         return removed

@@ -1,27 +1,58 @@
-"""Ledger invariants, checked after every step when debug_invariants is on."""
+"""Ledger invariants, checked after every step when debug_invariants is on.
+
+The scheduler calls these checks, so they read it through `Ledger`, a view of their own, and
+never import it: the dependency runs one way. The KV manager's checks (tables, ref counts,
+free queue, hash map) live here too, beside the ones they complete; the manager without a KV
+cache holds nothing to check.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
+from scheduler_svc.core.block_hash import BlockHash
+from scheduler_svc.core.block_pool import BlockPool
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.kv_cache_interface import KVManager
+from scheduler_svc.core.kv_cache_manager import BlockTable, KVCacheManager, cdiv
 from scheduler_svc.core.policy import running_order
 from scheduler_svc.core.request import Request, RequestStatus
-
-if TYPE_CHECKING:
-    from scheduler_svc.core.scheduler import Scheduler
-
-
-class InvariantViolation(AssertionError):
-    """The ledger disagrees with itself: a bug, never an operational condition."""
+from scheduler_svc.core.stats import SchedulerStats
+from scheduler_svc.core.tracker import ComputedBlocksTracker
+from scheduler_svc.core.violation import ensure
 
 
-def ensure(condition: bool, message: str) -> None:
-    if not condition:
-        raise InvariantViolation(message)
+class Ledger(Protocol):
+    """What the checks read of a scheduler (core/scheduler.py)."""
+
+    @property
+    def config(self) -> SchedulerConfig: ...
+
+    @property
+    def running(self) -> list[Request]: ...
+
+    @property
+    def waiting(self) -> Iterable[Request]: ...
+
+    @property
+    def requests(self) -> Mapping[str, Request]: ...
+
+    @property
+    def running_per_tenant(self) -> Counter[str]: ...
+
+    @property
+    def tracker(self) -> ComputedBlocksTracker: ...
+
+    @property
+    def kv(self) -> KVManager: ...
+
+    @property
+    def stats(self) -> SchedulerStats: ...
 
 
-def check_scheduler(scheduler: Scheduler) -> None:
+def check_scheduler(scheduler: Ledger) -> None:
     """Every cross-structure fact the ledger relies on. O(everything): debug only."""
     running, waiting = scheduler.running, list(scheduler.waiting)
     live = scheduler.requests
@@ -70,7 +101,8 @@ def check_scheduler(scheduler: Scheduler) -> None:
     )
     _check_lookups(scheduler, waiting)
     chains = {rid: entry.chain for rid, entry in tracker.entries.items()}
-    scheduler.kv.check_invariants(running, chains)
+    if isinstance(scheduler.kv, KVCacheManager):
+        _check_kv_cache(scheduler.kv, running, chains)
     stats = scheduler.stats
     ensure(
         stats.prefix_cache_hits <= stats.prefix_cache_queries,
@@ -99,7 +131,7 @@ def _check_fcfs_within_tenants(waiting: list[Request]) -> None:
         latest[request.tenant] = request.arrival_index
 
 
-def _check_lookups(scheduler: Scheduler, waiting: list[Request]) -> None:
+def _check_lookups(scheduler: Ledger, waiting: list[Request]) -> None:
     """A lookup that claims to be current must be true: its blocks hold exactly its prefix."""
     size = scheduler.config.block_size
     for request in waiting:
@@ -122,3 +154,105 @@ def _check_lookups(scheduler: Scheduler, waiting: list[Request]) -> None:
                 f"{request.request_id}: current lookup names {block}, which does not hold "
                 "the request's tokens",
             )
+
+
+def _check_kv_cache(
+    kv: KVCacheManager, running: Sequence[Request], chains: Mapping[str, Sequence[BlockHash]]
+) -> None:
+    """Tables, ref counts, the free queue and the hash map agree."""
+    pool = kv.pool
+    running_ids = {request.request_id for request in running}
+    ensure(
+        set(kv.tables) == running_ids,
+        f"block tables {sorted(set(kv.tables) ^ running_ids)} do not match running requests",
+    )
+    holders = [0] * pool.num_blocks
+    for request in running:
+        table = kv.tables[request.request_id]
+        _check_table(request, table, chains.get(request.request_id, ()), kv.block_size)
+        for block in table.blocks:
+            holders[block.block_id] += 1
+    for block in pool.blocks:
+        ensure(
+            block.ref_cnt == holders[block.block_id],
+            f"{block}: ref count {block.ref_cnt} but held by {holders[block.block_id]} tables",
+        )
+    _check_free_queue(pool)
+    _check_hash_map(pool, kv.block_size)
+
+
+def _check_table(
+    request: Request, table: BlockTable, chain: Sequence[BlockHash], size: int
+) -> None:
+    rid = request.request_id
+    ensure(
+        len(table.blocks) == cdiv(request.num_computed_tokens, size),
+        f"{rid}: {len(table.blocks)} blocks for {request.num_computed_tokens} computed tokens",
+    )
+    ensure(
+        len({block.block_id for block in table.blocks}) == len(table.blocks),
+        f"{rid}: a block appears twice in its table",
+    )
+    ensure(
+        table.num_committed == request.num_committed_tokens // size
+        and request.num_committed_tokens <= min(request.num_computed_tokens, request.num_tokens),
+        f"{rid}: {table.num_committed} blocks committed of {request.num_committed_tokens} "
+        f"known tokens, {request.num_computed_tokens} tokens computed",
+    )
+    tokens = request.all_token_ids
+    for i, block in enumerate(table.blocks):
+        if block.block_hash is None:
+            continue
+        ensure(i < table.num_committed, f"{rid}: partial block {block} is cached")
+        ensure(
+            i < len(chain) and block.block_hash == chain[i],
+            f"{rid}: {block} at position {i} carries a hash not in the request's chain",
+        )
+        ensure(
+            block.token_ids == tuple(tokens[i * size : (i + 1) * size]),
+            f"{rid}: {block} at position {i} holds other tokens than the request",
+        )
+
+
+def _check_free_queue(pool: BlockPool) -> None:
+    queued = list(pool.free_queue)
+    ensure(len(queued) == len(pool.free_queue), "free queue length counter is wrong")
+    ensure(len({id(b) for b in queued}) == len(queued), "a block is queued twice")
+    ensure(all(b.ref_cnt == 0 for b in queued), "a referenced block is in the free queue")
+    num_unreferenced = sum(1 for b in pool.blocks if b.ref_cnt == 0)
+    ensure(
+        num_unreferenced == len(queued),
+        f"{num_unreferenced} unreferenced blocks but {len(queued)} in the free queue",
+    )
+    in_use = sum(1 for b in pool.blocks if b.ref_cnt > 0)
+    ensure(len(queued) + in_use == pool.num_blocks, "free + in use != total")
+    for b in pool.blocks:
+        if b.ref_cnt > 0:
+            ensure(b.prev_free is None and b.next_free is None, f"{b} in use but linked")
+        ensure(b.ref_cnt >= 0, f"{b} has a negative ref count")
+
+
+def _check_hash_map(pool: BlockPool, size: int) -> None:
+    for block_hash, block in pool.cached.items():
+        ensure(block.block_hash == block_hash, f"map entry points to {block} with other hash")
+        ensure(len(block.token_ids) == size, f"cached {block} is not a full block")
+        parent = block.parent
+        if parent is not None:
+            ensure(
+                parent.block_hash is not None and pool.cached[parent.block_hash] is parent,
+                f"cached {block} chains from an uncached parent",
+            )
+            ensure(
+                parent.children is not None and block in parent.children,
+                f"{parent} does not list its child {block}",
+            )
+        for child in block.children or ():
+            ensure(child.parent is block, f"{child} is listed under a foreign parent")
+    for block in pool.blocks:
+        if block.block_hash is None:
+            ensure(
+                block.token_ids == () and block.parent is None and not block.children,
+                f"uncached {block} still carries cache state",
+            )
+        else:
+            ensure(pool.cached.get(block.block_hash) is block, f"{block} missing from map")

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
 from scheduler_svc.core.block_hash import BlockHash
 from scheduler_svc.core.kv_block import KVBlock
 from scheduler_svc.core.output import BlockHashPair
-from scheduler_svc.core.request import Request
 
 
 @dataclass(slots=True)
@@ -117,9 +116,3 @@ class KVManager(ABC):
 
     @abstractmethod
     def reset_prefix_cache(self) -> bool: ...
-
-    @abstractmethod
-    def check_invariants(
-        self, running: Sequence[Request], chains: Mapping[str, Sequence[BlockHash]]
-    ) -> None:
-        """Raise InvariantViolation unless tables, ref counts, queue and map agree."""

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from scheduler_svc.core.block_hash import BlockHash
 from scheduler_svc.core.block_pool import BlockPool
 from scheduler_svc.core.config import SchedulerConfig
-from scheduler_svc.core.invariants import ensure
 from scheduler_svc.core.kv_block import KVBlock
 from scheduler_svc.core.kv_cache_interface import CacheLookup, KVManager
 from scheduler_svc.core.output import BlockHashPair
-from scheduler_svc.core.request import Request
 from scheduler_svc.core.stats import SchedulerStats
 
 
@@ -192,103 +190,3 @@ class KVCacheManager(KVManager):
             return False
         self.pool.clear("cache_reset")
         return True
-
-    # -- invariants -----------------------------------------------------------------------
-
-    def check_invariants(
-        self, running: Sequence[Request], chains: Mapping[str, Sequence[BlockHash]]
-    ) -> None:
-        pool = self.pool
-        running_ids = {request.request_id for request in running}
-        ensure(
-            set(self.tables) == running_ids,
-            f"block tables {sorted(set(self.tables) ^ running_ids)} do not match running requests",
-        )
-        holders = [0] * pool.num_blocks
-        for request in running:
-            table = self.tables[request.request_id]
-            self._check_table(request, table, chains.get(request.request_id, ()))
-            for block in table.blocks:
-                holders[block.block_id] += 1
-        for block in pool.blocks:
-            ensure(
-                block.ref_cnt == holders[block.block_id],
-                f"{block}: ref count {block.ref_cnt} but held by {holders[block.block_id]} tables",
-            )
-        self._check_free_queue()
-        self._check_hash_map()
-
-    def _check_table(self, request: Request, table: BlockTable, chain: Sequence[BlockHash]) -> None:
-        rid, size = request.request_id, self.block_size
-        ensure(
-            len(table.blocks) == cdiv(request.num_computed_tokens, size),
-            f"{rid}: {len(table.blocks)} blocks for {request.num_computed_tokens} computed tokens",
-        )
-        ensure(
-            len({block.block_id for block in table.blocks}) == len(table.blocks),
-            f"{rid}: a block appears twice in its table",
-        )
-        ensure(
-            table.num_committed == request.num_committed_tokens // size
-            and request.num_committed_tokens
-            <= min(request.num_computed_tokens, request.num_tokens),
-            f"{rid}: {table.num_committed} blocks committed of {request.num_committed_tokens} "
-            f"known tokens, {request.num_computed_tokens} tokens computed",
-        )
-        tokens = request.all_token_ids
-        for i, block in enumerate(table.blocks):
-            if block.block_hash is None:
-                continue
-            ensure(i < table.num_committed, f"{rid}: partial block {block} is cached")
-            ensure(
-                i < len(chain) and block.block_hash == chain[i],
-                f"{rid}: {block} at position {i} carries a hash not in the request's chain",
-            )
-            ensure(
-                block.token_ids == tuple(tokens[i * size : (i + 1) * size]),
-                f"{rid}: {block} at position {i} holds other tokens than the request",
-            )
-
-    def _check_free_queue(self) -> None:
-        pool = self.pool
-        queued = list(pool.free_queue)
-        ensure(len(queued) == len(pool.free_queue), "free queue length counter is wrong")
-        ensure(len({id(b) for b in queued}) == len(queued), "a block is queued twice")
-        ensure(all(b.ref_cnt == 0 for b in queued), "a referenced block is in the free queue")
-        num_unreferenced = sum(1 for b in pool.blocks if b.ref_cnt == 0)
-        ensure(
-            num_unreferenced == len(queued),
-            f"{num_unreferenced} unreferenced blocks but {len(queued)} in the free queue",
-        )
-        in_use = sum(1 for b in pool.blocks if b.ref_cnt > 0)
-        ensure(len(queued) + in_use == pool.num_blocks, "free + in use != total")
-        for b in pool.blocks:
-            if b.ref_cnt > 0:
-                ensure(b.prev_free is None and b.next_free is None, f"{b} in use but linked")
-            ensure(b.ref_cnt >= 0, f"{b} has a negative ref count")
-
-    def _check_hash_map(self) -> None:
-        pool, size = self.pool, self.block_size
-        for block_hash, block in pool.cached.items():
-            ensure(block.block_hash == block_hash, f"map entry points to {block} with other hash")
-            ensure(len(block.token_ids) == size, f"cached {block} is not a full block")
-            parent = block.parent
-            if parent is not None:
-                ensure(
-                    parent.block_hash is not None and pool.cached[parent.block_hash] is parent,
-                    f"cached {block} chains from an uncached parent",
-                )
-                ensure(
-                    parent.children is not None and block in parent.children,
-                    f"{parent} does not list its child {block}",
-                )
-            for child in block.children or ():
-                ensure(child.parent is block, f"{child} is listed under a foreign parent")
-        for block in pool.blocks:
-            if block.block_hash is None:
-                ensure(
-                    block.token_ids == () and block.parent is None and not block.children,
-                    f"uncached {block} still carries cache state",
-                )
-            else:
-                ensure(pool.cached.get(block.block_hash) is block, f"{block} missing from map")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Sequence
 
 from scheduler_svc.core.block_hash import BlockHash
 from scheduler_svc.core.kv_block import KVBlock
 from scheduler_svc.core.kv_cache_interface import CacheLookup, KVManager
 from scheduler_svc.core.output import BlockHashPair
-from scheduler_svc.core.request import Request
 
 
 class NoKVCacheManager(KVManager):
@@ -89,8 +88,3 @@ class NoKVCacheManager(KVManager):
 
     def reset_prefix_cache(self) -> bool:
         return True
-
-    def check_invariants(
-        self, running: Sequence[Request], chains: Mapping[str, Sequence[BlockHash]]
-    ) -> None:
-        return None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 
-from scheduler_svc.core.request import FinishReason
+from scheduler_svc.core.request import FinishReason, Request
 
 BlockHashPair = tuple[int, bytes]  # (block_id, content hash) declared to the worker
 
@@ -52,6 +54,18 @@ class RequestUpdate:
     num_prompt_tokens: int = 0
 
 
+def update_of(request: Request, new_token_ids: list[int] | None = None) -> RequestUpdate:
+    """The request's update as it stands: its finish, if it ended, and its usage."""
+    return RequestUpdate(
+        request_id=request.request_id,
+        new_token_ids=new_token_ids if new_token_ids is not None else [],
+        finish_reason=request.finish_reason,
+        finish_message=request.finish_message,
+        num_cached_tokens=request.num_cached_tokens,
+        num_prompt_tokens=request.num_prompt_tokens,
+    )
+
+
 @dataclass(slots=True)
 class SchedulerOutput:
     step_id: int
@@ -66,6 +80,17 @@ class SchedulerOutput:
         return not (self.new or self.cont or self.dropped_request_ids)
 
 
+def declared_written(outputs: Iterable[SchedulerOutput], request_ids: set[str]) -> list[int]:
+    """The blocks these plans declared written by these requests."""
+    return [
+        block_id
+        for out in outputs
+        for item in chain(out.new, out.cont)
+        if item.request_id in request_ids
+        for block_id, _ in item.written
+    ]
+
+
 @dataclass(slots=True)
 class ModelResult:
     """What the worker reported for one SchedulerOutput."""
@@ -74,6 +99,5 @@ class ModelResult:
     errored: dict[str, str] = field(default_factory=dict)  # request_id -> message
     stale_request_ids: list[str] = field(default_factory=list)  # refused claims: recompute
     embedded: list[str] = field(default_factory=list)
-    stored_blocks: list[BlockHashPair] = field(default_factory=list)  # informational
     removed_block_ids: list[int] = field(default_factory=list)
     all_cleared: bool = False  # the worker (re)started: every cached hash is gone

@@ -3,6 +3,16 @@
 One step is schedule() -> the worker runs the plan -> update_from_output(). Requests are
 scheduled with vLLM v1's unified rule: each gets the tokens it has not computed yet, as many as
 the budget allows; num_computed_tokens advances at schedule time.
+
+Why this file is longer than the project's ~300 lines: what is left here is one state machine.
+Planning, preemption, result application and every way a request leaves all move the same
+structures together (running, waiting, requests, running_per_tenant, the tracker, the block
+tables, the drop list), and the invariants (core/invariants.py) hold only between the public
+calls, not between the private steps that make them up. Split into files, these would be one
+class spread over several, each part reaching into state the others own. The rules that stand
+alone live beside it: arrival refusals (ignored.py), planning ahead of unknown tokens and lazy
+commits (lookahead.py), the fair policy's seat-taking (fair.py), plan and update shapes
+(output.py).
 """
 
 from __future__ import annotations
@@ -11,12 +21,14 @@ from collections import Counter
 from collections.abc import Iterable
 from itertools import chain as iter_chain
 
+from scheduler_svc.core import ignored
 from scheduler_svc.core.block_hash import BlockHasher, sha256_block_hash
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.fair import Stall, seat_for
 from scheduler_svc.core.invariants import check_scheduler
 from scheduler_svc.core.kv_cache_interface import CacheLookup, KVManager
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
+from scheduler_svc.core.lookahead import may_plan_ahead, newly_committable
 from scheduler_svc.core.no_kv_cache_manager import NoKVCacheManager
 from scheduler_svc.core.output import (
     BlockHashPair,
@@ -25,6 +37,8 @@ from scheduler_svc.core.output import (
     ScheduledCont,
     ScheduledNew,
     SchedulerOutput,
+    declared_written,
+    update_of,
 )
 from scheduler_svc.core.policy import make_waiting_queue, running_order
 from scheduler_svc.core.request import FinishReason, Request, RequestStatus
@@ -94,11 +108,7 @@ class Scheduler:
             orphans=stats.orphans,
             table_orphans=stats.table_orphans,
             evictions=stats.evictions,
-            hashes_removed=dict(stats.hashes_removed),
             preemptions=stats.preemptions,
-            requests_finished=dict(stats.requests_finished),
-            prompt_tokens=stats.prompt_tokens,
-            generation_tokens=stats.generation_tokens,
             tracker_entries=len(self.tracker),
             blocks_total=kv.num_blocks_total,
             blocks_in_use=kv.num_blocks_total - kv.num_free_blocks,
@@ -121,7 +131,7 @@ class Scheduler:
         self._next_arrival += 1
         request.reset_for_recompute(RequestStatus.WAITING)
         request.finish_reason, request.finish_message = None, ""
-        why_ignored = self._why_ignored(request)
+        why_ignored = ignored.why_ignored(request, self.config, self.kv.token_capacity)
         if why_ignored is not None:
             self._finish_at_arrival(request, FinishReason.IGNORED, why_ignored)
         elif request.output_token_ids and at_length(request, self.max_len):
@@ -204,7 +214,7 @@ class Scheduler:
             computed = request.num_computed_tokens
             end = request.num_tokens + request.num_placeholders
             num_new = end - computed
-            if num_new <= 0 or not self._may_plan_ahead(request):
+            if num_new <= 0 or not may_plan_ahead(request, self.max_len):
                 i += 1  # waits for the token of a step still in flight
                 continue
             if num_new > budget:
@@ -256,18 +266,6 @@ class Scheduler:
 
     def _stall_at(self, request_id: str) -> Stall:
         return Stall(request_id, len(self.running), self.kv.num_free_blocks)
-
-    def _may_plan_ahead(self, request: Request) -> bool:
-        """A step on a token not known yet (async scheduling) only where the worker certainly
-        produces it: never past max_tokens or the context, which would end the request first.
-        (An EOS or stop token may still end it: that step's token is then discarded.)"""
-        ahead = request.num_placeholders
-        if ahead == 0:
-            return True
-        return (
-            request.num_output_tokens + ahead < request.max_tokens
-            and request.num_tokens + ahead < self.max_len
-        )
 
     def _schedule_waiting(self, new: list[ScheduledNew], budget: int, preempted: bool) -> int:
         config, waiting, tracker = self.config, self.waiting, self.tracker
@@ -332,7 +330,6 @@ class Scheduler:
         if not request.was_admitted:
             request.was_admitted = True
             request.num_cached_tokens = computed
-            self.stats.prompt_tokens += request.num_prompt_tokens
         if caching and not request.skip_prefix_cache:
             self.stats.prefix_cache_queries += request.num_tokens
             self.stats.prefix_cache_hits += computed
@@ -340,16 +337,10 @@ class Scheduler:
         return scheduled
 
     def _commit_known(self, request: Request, total: int) -> list[BlockHashPair]:
-        """Commits the full blocks of known tokens up to `total` computed ones. A block that a
-        placeholder token fills (async scheduling) waits until a later plan knows its token;
-        the worker has written it by then, since it runs plans in order."""
-        known = min(total, request.num_tokens)
-        size = self.config.block_size
-        committed = request.num_committed_tokens
-        request.num_committed_tokens = max(committed, known)
-        if known // size <= committed // size:
-            return []
-        return self._commit(request, known)
+        """Commits the full blocks of known tokens up to `total` computed ones (a block that a
+        placeholder fills waits: core/lookahead.py)."""
+        known = newly_committable(request, total, self.config.block_size)
+        return self._commit(request, known) if known else []
 
     def _commit(self, request: Request, num_tokens: int) -> list[BlockHashPair]:
         num_full = num_tokens // self.config.block_size
@@ -378,7 +369,7 @@ class Scheduler:
             request = self.requests.get(rid)
             if request is not None:
                 self._finish(request, FinishReason.ERROR, message, "error", batched=True)
-                updates.append(self._update(request, []))
+                updates.append(update_of(request))
         self._requeue_refused(result.stale_request_ids)
         scheduled: Iterable[ScheduledNew | ScheduledCont] = iter_chain(output.new, output.cont)
         self._apply_samples(scheduled, result, updates)
@@ -420,7 +411,6 @@ class Scheduler:
     ) -> None:
         requests, sampled, max_len = self.requests, result.sampled, self.max_len
         embedded = set(result.embedded)
-        num_sampled = 0
         for item in scheduled:
             request = requests.get(item.request_id)
             if (
@@ -438,43 +428,26 @@ class Scheduler:
                 else:
                     message = "the worker returned no embedding for a scheduled request"
                     self._finish(request, FinishReason.ERROR, message, "error", batched=True)
-                updates.append(self._update(request, []))
+                updates.append(update_of(request))
                 continue
             token = sampled.get(request.request_id)
             if token is None:
                 message = "the worker returned no token for a scheduled request"
                 self._finish(request, FinishReason.ERROR, message, "error", batched=True)
-                updates.append(self._update(request, []))
+                updates.append(update_of(request))
                 continue
             request.append_output_token(token)
-            num_sampled += 1
             reason = stop_reason(request, token, max_len)
             if reason is not None:
                 self._finish(request, reason, "", "finished", batched=True)
-            updates.append(
-                RequestUpdate(
-                    request.request_id,
-                    [token],
-                    reason,
-                    "",
-                    request.num_cached_tokens,
-                    len(request.prompt_token_ids),
-                )
-            )
-        self.stats.generation_tokens += num_sampled
+            updates.append(update_of(request, [token]))  # with its finish, if it ended
 
     def _forget_unwritten(self, output: SchedulerOutput, request_ids: set[str]) -> None:
         """Blocks declared written by requests the worker did not run hold no such content.
         Plans still in flight (async scheduling) are void for those requests too: the worker
         skips the requests it failed or refused, so their declarations there never hold."""
         outputs = [output, *(o for o in self._in_flight if o is not output)]
-        block_ids = [
-            block_id
-            for out in outputs
-            for item in iter_chain(out.new, out.cont)
-            if item.request_id in request_ids
-            for block_id, _ in item.written
-        ]
+        block_ids = declared_written(outputs, request_ids)
         if block_ids:
             self.kv.remove_blocks(block_ids, "worker_report")
 
@@ -515,7 +488,6 @@ class Scheduler:
         request.finish(reason, message)
         del self.requests[rid]
         self.tracker.remove(rid, release_reason)
-        bump(self.stats.requests_finished, reason.value)
 
     def _count_running(self, request: Request, delta: int) -> None:
         load, tenant = self.running_per_tenant, request.tenant
@@ -525,42 +497,7 @@ class Scheduler:
 
     def _finish_at_arrival(self, request: Request, reason: FinishReason, message: str) -> None:
         request.finish(reason, message)
-        bump(self.stats.requests_finished, reason.value)
-        self._finished_pending.append(self._update(request, []))
-
-    def _update(self, request: Request, new_token_ids: list[int]) -> RequestUpdate:
-        return RequestUpdate(
-            request_id=request.request_id,
-            new_token_ids=new_token_ids,
-            finish_reason=request.finish_reason,
-            finish_message=request.finish_message,
-            num_cached_tokens=request.num_cached_tokens,
-            num_prompt_tokens=request.num_prompt_tokens,
-        )
-
-    def _why_ignored(self, request: Request) -> str | None:
-        config, num_prompt = self.config, request.num_prompt_tokens
-        if num_prompt == 0:
-            return "the prompt is empty"
-        if num_prompt > config.max_model_len:
-            return (
-                f"the prompt has {num_prompt} tokens, more than the maximum context length "
-                f"of {config.max_model_len}"
-            )
-        capacity = self.kv.token_capacity
-        if capacity is not None and num_prompt > capacity:
-            return (
-                f"the prompt has {num_prompt} tokens, more than a worker of this model can "
-                "hold in its KV cache"
-            )
-        if request.is_embedding and num_prompt > config.max_num_batched_tokens:
-            return (
-                f"an embedding input of {num_prompt} tokens exceeds the step's token budget "
-                f"of {config.max_num_batched_tokens}"
-            )
-        if not request.is_embedding and request.max_tokens < 1:
-            return "max_tokens must be at least 1"
-        return None
+        self._finished_pending.append(update_of(request))
 
     def _audit(self) -> None:
         """After each step: entries and tables that outlived their request. Should be none."""

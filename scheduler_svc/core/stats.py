@@ -1,10 +1,14 @@
-"""Counters the service exports (DESIGN section 9), and the live gauges."""
+"""Counters the service exports (DESIGN section 9), and the live gauges.
+
+Only what the ledger alone knows is counted here, and every counter is exported
+(scheduler_svc/metrics.py's LedgerCollector reads the snapshot). Finished requests and prompt
+and generation tokens are counted per request by the service (RequestMetrics), which knows
+the model; a second count here would be one nobody reads.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from scheduler_svc.core.request import FinishReason
 
 STALE_SOURCES = ("eviction", "worker_report", "worker_lost", "cache_reset")
 RELEASE_REASONS = (
@@ -39,13 +43,7 @@ class SchedulerStats:
     orphans: int = 0  # tracker entries without a live request: a bug signal, should stay 0
     table_orphans: int = 0  # block tables without a running request: same
     evictions: int = 0  # cached blocks taken from the free queue for new content
-    hashes_removed: dict[str, int] = field(default_factory=lambda: _zeros(STALE_SOURCES))
     preemptions: int = 0
-    requests_finished: dict[str, int] = field(
-        default_factory=lambda: _zeros(tuple(r.value for r in FinishReason))
-    )
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,11 +57,7 @@ class SchedulerSnapshot:
     orphans: int
     table_orphans: int
     evictions: int
-    hashes_removed: dict[str, int]
     preemptions: int
-    requests_finished: dict[str, int]
-    prompt_tokens: int
-    generation_tokens: int
     tracker_entries: int
     blocks_total: int
     blocks_in_use: int

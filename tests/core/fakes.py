@@ -419,6 +419,10 @@ class Harness:
     def cached(self) -> list[int]:
         return sorted(b.block_id for b in self.kv.pool.cached.values())
 
+    def removal_sources(self, block_ids: Iterable[int]) -> list[str | None]:
+        """Why each block last lost its hash."""
+        return [self.kv.pool.blocks[b].removal_source for b in block_ids]
+
     def outputs(self, rid: str) -> list[int]:
         return [t for u in self.updates if u.request_id == rid for t in u.new_token_ids]
 

@@ -42,17 +42,18 @@ def test_abort_in_every_state(kv: bool, state: str) -> None:
     h = Harness.build(kv, **tight.get(state, {}))
     rid = put_in_state(h, state)
     stats = h.sched.stats
-    before = (dict(stats.requests_finished), dict(stats.entries_released))
+    r = h.worker.requests.get(rid)
+    before = (r and r.finish_reason, dict(stats.entries_released))
     was_running = rid in h.sched.requests and h.sched.requests[rid].status is RequestStatus.RUNNING
     aborted = h.sched.abort_request(rid)
     if state in ("finished", "unknown"):
         assert aborted is False
-        assert (dict(stats.requests_finished), dict(stats.entries_released)) == before
+        assert (r and r.finish_reason, dict(stats.entries_released)) == before
     else:
         assert aborted is True
         assert rid not in h.sched.requests and rid not in h.sched.tracker.entries
         assert not h.sched.kv.has_table(rid)
-        assert stats.requests_finished["abort"] == 1
+        assert r.status is RequestStatus.FINISHED and r.finish_reason is FinishReason.ABORT
         assert stats.entries_released["aborted"] == 1
         assert h.sched.abort_request(rid) is False  # twice: the second does nothing
         out = h.step()
@@ -84,7 +85,7 @@ def test_a_request_the_frontend_finished_on_a_stop_string_counts_as_stop(kv: boo
     h.step()
     stats = h.sched.stats
     assert h.sched.abort_request("r", FinishReason.STOP)
-    assert stats.requests_finished["stop"] == 1 and stats.requests_finished["abort"] == 0
+    assert h.worker.requests["r"].finish_reason is FinishReason.STOP
     assert stats.entries_released["finished"] == 1 and stats.entries_released["aborted"] == 0
     assert "r" not in h.sched.tracker.entries and not h.sched.kv.has_table("r")
     assert "r" in h.step().dropped_request_ids

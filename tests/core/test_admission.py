@@ -301,8 +301,9 @@ def test_snapshot_reports_counters_and_live_gauges(kv: bool) -> None:
         assert (snap.prefix_cache_queries, snap.prefix_cache_hits) == (20, 8)
     else:
         assert (snap.blocks_total, snap.blocks_in_use, snap.usage) == (0, 0, 0.0)
-    assert snap.prompt_tokens == 20 and snap.generation_tokens == 2
+    assert h.outputs("a") == h.outputs("b") == [1010]  # one token each: 2 generated
     h.run_to_idle()
     snap = h.sched.snapshot()
     assert (snap.num_running, snap.blocks_in_use, snap.tracker_entries) == (0, 0, 0)
-    assert snap.requests_finished["length"] == 2 and snap.entries_released["finished"] == 2
+    assert h.finish_of("a").finish_reason == h.finish_of("b").finish_reason == "length"
+    assert snap.entries_released["finished"] == 2

@@ -40,11 +40,11 @@ def test_token_level_stops(
 ) -> None:
     cfg = config(kv=kv)
     h = Harness(Scheduler(cfg), FakeWorker(4, kv=kv, next_token=scripted(script)))
-    h.add(request("r", [1, 2, 3, 4], max_tokens=3, **kw))
+    r = request("r", [1, 2, 3, 4], max_tokens=3, **kw)
+    h.add(r)
     h.run_to_idle()
     assert h.outputs("r") == outputs and h.finish_of("r").finish_reason == reason
-    assert h.sched.stats.requests_finished[reason] == 1
-    assert h.sched.stats.generation_tokens == len(outputs)
+    assert r.finish_reason == reason and r.output_token_ids == outputs
 
 
 def test_max_model_len_caps_generation(kv: bool) -> None:
@@ -86,7 +86,7 @@ def test_prompts_that_can_never_run_finish_as_ignored_with_a_reason(
     assert [n.request_id for n in out.new] == ["fine"]  # it never blocked the queue
     h.finish_step()
     h.run_to_idle()
-    assert h.sched.stats.requests_finished["ignored"] == 1
+    assert [u.request_id for u in h.updates if u.finish_reason == "ignored"] == ["bad"]
     assert "bad" not in h.sched.tracker.entries  # it never got an entry to release
 
 
@@ -105,8 +105,8 @@ def test_worker_errors_finish_the_request_and_uncache_what_it_did_not_write(kv: 
     if kv:
         # bad's blocks were declared written but never were: their hashes must go
         assert h.cached() == [3, 4]
-        assert h.sched.stats.hashes_removed["worker_report"] == 2
-    assert h.sched.stats.requests_finished["error"] == 1
+        assert h.removal_sources([0, 1]) == ["worker_report"] * 2
+    assert [u.request_id for u in h.updates if u.finish_reason == "error"] == ["bad"]
     assert h.sched.stats.entries_released["error"] == 1
     assert "bad" in h.plan().dropped_request_ids
     h.finish_step()
@@ -213,7 +213,7 @@ def test_reset_prefix_cache_only_when_every_block_is_free(kv: bool) -> None:
     assert h.sched.reset_prefix_cache() is True
     if kv:
         assert h.cached() == [] and h.kv.pool.removal_epoch == epoch + 1
-        assert h.sched.stats.hashes_removed["cache_reset"] == 2
+        assert h.removal_sources([0, 1]) == ["cache_reset"] * 2
 
 
 def test_embedding_requests_finish_when_their_prompt_is_computed(kv: bool) -> None:
@@ -289,6 +289,7 @@ def test_a_worker_that_restarts_in_place_loses_its_running_requests_and_its_cach
     h.add(waiter)  # arrives while the step runs; its lookup from arrival covers a's prompt
     if kv:
         assert [blk.block_id for blk in h.sched.tracker.peek_lookup("w").blocks] == [0, 1]
+    was_cached = h.cached() if kv else []
     h.worker.restart()  # the worker lost its memory: it runs nothing and says so
     assert h.sched.update_from_output(out, ModelResult(all_cleared=True)) == []
     assert [r.request_id for r in h.sched.waiting] == ["a", "b", "w"]
@@ -297,7 +298,8 @@ def test_a_worker_that_restarts_in_place_loses_its_running_requests_and_its_cach
     assert h.sched.kv.num_tables == 0 and h.sched.snapshot().blocks_in_use == 0
     assert h.sched.stats.entries_released["worker_lost"] == 2
     if kv:
-        assert h.cached() == [] and h.sched.stats.hashes_removed["worker_lost"] == 3
+        assert h.cached() == [] and len(was_cached) == 3
+        assert h.removal_sources(was_cached) == ["worker_lost"] * 3
     assert h.sched.abort_request("b")  # frees a slot, so w's lookup is read in the next plan
     out = h.plan()
     assert sorted(out.dropped_request_ids) == ["a", "b"]
