@@ -166,7 +166,7 @@ class Engine:
                 max_model_len=registration.max_model_len,
                 enable_prefix_caching=self.config.enable_prefix_caching and not is_embed,
                 enable_chunked_prefill=chunked,
-                policy=self.config.scheduling_policy,
+                scheduling_policy=self.config.scheduling_policy,
                 kv_cache=not is_embed,
                 debug_invariants=self.config.debug_invariants,
             )
