@@ -23,9 +23,9 @@ from kvledger.flags import (
     flags_for,
     to_env,
 )
+from kvledger.models import EMBEDDING_MODEL
 from kvledger.options import Flag, config_flags, flag_argv, option
 
-EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 SERVE = "serve"
 EMBEDDING_WORKER = "embedding worker"
 
