@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import logging
@@ -17,19 +16,10 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvledger.flags import (
-    DEFAULT_METRICS_PORT,
-    FLAGS,
-    FRONTEND,
-    SCHEDULER,
-    WORKER,
-    add_flags,
-    fill_list_defaults,
-    to_argv,
-    to_env,
-    warn_secrets_on_command_line,
-)
+from kvledger.children import SERVE_ONLY_FLAGS, ChildSpec, plan, required_models, serve_parser
+from kvledger.flags import FLAGS
 from kvledger.log import setup_logging
+from kvledger.options import fill_list_defaults, warn_secrets_on_command_line
 
 log = logging.getLogger("kvledger.serve")
 
@@ -38,7 +28,6 @@ STARTUP_TIMEOUT_SECONDS = 600
 STOP_MARGIN_SECONDS = 3
 MAX_RESTARTS_PER_MINUTE = 5
 _PR_SET_PDEATHSIG = 1
-EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 
 
 @dataclass
@@ -66,53 +55,8 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _serve_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kvledger serve",
-        description="Start the scheduler, worker(s) and the HTTP frontend as separate processes.",
-    )
-    add_flags(parser, [f for f in FLAGS if f.name != "--scheduler"])
-    parser.add_argument(
-        "--num-workers",
-        type=int,
-        default=int(os.environ.get("KVLEDGER_NUM_WORKERS", "1")),
-        help="workers started for --model [env KVLEDGER_NUM_WORKERS]",
-    )
-    parser.add_argument(
-        "--embedding-model",
-        default=os.environ.get("KVLEDGER_EMBEDDING_MODEL", EMBEDDING_MODEL),
-        help="model of the embedding worker, or 'none' to start none "
-        "[env KVLEDGER_EMBEDDING_MODEL]",
-    )
-    return parser
-
-
-def _embedding_worker_argv(
-    args: argparse.Namespace, scheduler_addr: str, metrics_port: int, index: int
-) -> list[str]:
-    """The embedding worker shares the device settings, not the generative model's sizing."""
-    return [
-        "--model",
-        args.embedding_model,
-        "--served-model-name",
-        args.embedding_model,
-        "--dtype",
-        args.dtype,
-        "--device",
-        args.device,
-        "--seed",
-        str(args.seed),
-        "--log-level",
-        args.log_level,
-        "--log-format",
-        args.log_format,
-        "--scheduler",
-        scheduler_addr,
-        "--metrics-port",
-        str(metrics_port),
-        "--worker-id",
-        f"embed-{index}",
-    ]
+# tests call it by this name
+_serve_parser = serve_parser
 
 
 def _popen(module: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -121,8 +65,10 @@ def _popen(module: str, argv: list[str], env: dict[str, str]) -> subprocess.Pope
     return subprocess.Popen(cmd, env=os.environ | env, preexec_fn=_die_with_parent)
 
 
-def _spawn(name: str, module: str, argv: list[str], env: dict[str, str]) -> Child:
-    return Child(name, module, argv, env, _popen(module, argv, env))
+def _spawn(spec: ChildSpec) -> Child:
+    return Child(
+        spec.name, spec.module, spec.argv, spec.env, _popen(spec.module, spec.argv, spec.env)
+    )
 
 
 def _supervise(children: list[Child]) -> bool:
@@ -181,19 +127,14 @@ def _stop_all(children: list[Child], grace: float) -> None:
 
 def serve(argv: Sequence[str]) -> int:
     warn_secrets_on_command_line(argv, FLAGS)
-    args = _serve_parser().parse_args(argv)
-    fill_list_defaults(args, FLAGS)
+    args = serve_parser().parse_args(argv)
+    fill_list_defaults(args, [*FLAGS, *SERVE_ONLY_FLAGS])
     setup_logging("serve", args.log_level, args.log_format)
     from kvledger.models import resolve_model  # torch-free, but only serve needs it
 
     resolve_model(args.model)  # generate tiny-llama once, before workers race for it
-    served_name = args.served_model_name or args.model
-    metrics_base = args.metrics_port or DEFAULT_METRICS_PORT[SCHEDULER]
     args.worker_auth_token = args.worker_auth_token or secrets.token_hex(16)
     args.frontend_auth_token = args.frontend_auth_token or secrets.token_hex(16)
-    scheduler_addr = f"127.0.0.1:{args.grpc_port}"
-    if args.grpc_host not in ("127.0.0.1", "0.0.0.0", "localhost"):
-        scheduler_addr = f"{args.grpc_host}:{args.grpc_port}"
 
     stopping = {"signal": None}
 
@@ -205,57 +146,9 @@ def serve(argv: Sequence[str]) -> int:
 
     children: list[Child] = []
     try:
-        children.append(
-            _spawn(
-                "scheduler",
-                "scheduler_svc",
-                to_argv(args, SCHEDULER) + ["--metrics-port", str(metrics_base)],
-                to_env(args, SCHEDULER),
-            )
-        )
-        for i in range(args.num_workers):
-            children.append(
-                _spawn(
-                    f"worker-{i}",
-                    "worker",
-                    to_argv(args, WORKER)
-                    + [
-                        "--scheduler",
-                        scheduler_addr,
-                        "--metrics-port",
-                        str(metrics_base + 1 + i),
-                        "--worker-id",
-                        f"{args.worker_id or 'worker'}-{i}",
-                        "--served-model-name",
-                        served_name,
-                    ],
-                    to_env(args, WORKER),
-                )
-            )
-        required = [served_name]
-        if args.embedding_model != "none":
-            port = metrics_base + 1 + args.num_workers
-            children.append(
-                _spawn(
-                    "embed-0",
-                    "worker",
-                    _embedding_worker_argv(args, scheduler_addr, port, 0),
-                    to_env(args, WORKER),
-                )
-            )
-            required.append(args.embedding_model)
-        children.append(
-            _spawn(
-                "frontend",
-                "server",
-                # serve's --metrics-port is the scheduler's: its frontend keeps /metrics on
-                # the HTTP port
-                to_argv(args, FRONTEND, skip=("--metrics-port",))
-                + ["--scheduler", scheduler_addr]
-                + [a for m in required for a in ("--require-model", m)],
-                to_env(args, FRONTEND),
-            )
-        )
+        for spec in plan(args):
+            children.append(_spawn(spec))
+        required = required_models(args)
         host = "localhost" if args.host in ("0.0.0.0", "127.0.0.1") else args.host
         url = f"http://{host}:{args.port}"
         if not _wait_healthy(

@@ -15,6 +15,7 @@ from contextvars import ContextVar
 REQUEST_ID: ContextVar[str | None] = ContextVar("kvledger_request_id", default=None)
 
 FORMATS = ("text", "json")
+LEVELS = ("debug", "info", "warning", "error")
 
 
 class _RequestIdFilter(logging.Filter):

@@ -13,13 +13,14 @@ import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kvledger.flags import SCHEDULER, parse
+from kvledger.flags import SCHEDULER, config_for, parse
 from kvledger.grpc_auth import BearerServerInterceptor
 from kvledger.log import setup_logging
 from kvledger.metrics_http import start_metrics_server
 from kvledger.rpc import SERVER_OPTIONS
 from protos import frontend_pb2_grpc, worker_pb2_grpc
-from scheduler_svc.engine import Engine, EngineConfig
+from scheduler_svc.config import SchedulerSettings
+from scheduler_svc.engine import Engine
 from scheduler_svc.service import SchedulerServicer, WorkerLinkServicer
 
 log = logging.getLogger("scheduler_svc")
@@ -27,39 +28,43 @@ FRONTEND_SERVICE = "/kvledger.frontend.Scheduler/"
 
 
 async def start(
-    args: argparse.Namespace, metrics: bool = True
+    args: argparse.Namespace | SchedulerSettings, metrics: bool = True
 ) -> tuple[grpc.aio.Server, Engine, health.aio.HealthServicer]:
-    """Starts the gRPC server (and the metrics endpoint); returns once it accepts calls."""
-    engine = Engine(EngineConfig.from_args(args))
+    """Starts the gRPC server (and the metrics endpoint); returns once it accepts calls.
+    `args`: the parsed flags, or the settings built from them."""
+    settings = config_for(SCHEDULER, args) if isinstance(args, argparse.Namespace) else args
+    engine = Engine(settings.engine)
     if metrics:
-        start_metrics_server(args.metrics_port, addr=args.metrics_host, registry=engine.registry)
+        start_metrics_server(
+            settings.metrics_port, addr=settings.metrics_host, registry=engine.registry
+        )
 
     interceptors = []
-    if args.frontend_auth_token:
+    if settings.frontend_auth_token:
         refused = engine.link_metrics.frontend_calls_refused
         interceptors.append(
             BearerServerInterceptor(
-                args.frontend_auth_token, FRONTEND_SERVICE, lambda method: refused.inc()
+                settings.frontend_auth_token, FRONTEND_SERVICE, lambda method: refused.inc()
             )
         )
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     frontend_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(engine), server)
     worker_pb2_grpc.add_WorkerLinkServicer_to_server(
-        WorkerLinkServicer(engine, args.worker_auth_token), server
+        WorkerLinkServicer(engine, settings.worker_auth_token), server
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    address = f"{args.grpc_host}:{args.grpc_port}"
+    address = f"{settings.grpc_host}:{settings.grpc_port}"
     if server.add_insecure_port(address) == 0:
         raise SystemExit(f"cannot bind the scheduler's gRPC port at {address}")
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    log.info("scheduler listening on %s (gRPC), metrics on :%d", address, args.metrics_port)
+    log.info("scheduler listening on %s (gRPC), metrics on :%d", address, settings.metrics_port)
     return server, engine, health_servicer
 
 
-async def serve(args: argparse.Namespace) -> None:
-    server, _engine, health_servicer = await start(args)
+async def serve(settings: SchedulerSettings) -> None:
+    server, _engine, health_servicer = await start(settings)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -71,10 +76,10 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, lambda: log.info("scheduler: already stopping"))
     await health_servicer.enter_graceful_shutdown()
     # Open streams (frontends, workers) get the grace period, then are cancelled.
-    await server.stop(grace=args.shutdown_timeout)
+    await server.stop(grace=settings.shutdown_timeout)
 
 
-def check_worker_auth(args: argparse.Namespace) -> None:
+def check_worker_auth(args: argparse.Namespace | SchedulerSettings) -> None:
     """Workers receive users' prompts and choose their output tokens: a scheduler that accepts
     any process reaching its gRPC port as a worker hands both to whoever asks. It therefore
     needs a worker token, unless told otherwise, and then says so loudly."""
@@ -95,7 +100,7 @@ def check_worker_auth(args: argparse.Namespace) -> None:
     )
 
 
-def check_frontend_auth(args: argparse.Namespace) -> None:
+def check_frontend_auth(args: argparse.Namespace | SchedulerSettings) -> None:
     """The frontend API returns users' tokens and flushes every tenant's cache: like workers,
     frontends need a token, unless told otherwise, and then it is said loudly."""
     if args.frontend_auth_token:
@@ -117,10 +122,11 @@ def check_frontend_auth(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     prometheus_client.disable_created_metrics()  # *_created series only add noise here
     args = parse(SCHEDULER, argv, "kvledger scheduler service: owns every block table")
-    setup_logging("scheduler", args.log_level, args.log_format)
-    check_worker_auth(args)
-    check_frontend_auth(args)
-    asyncio.run(serve(args))
+    settings: SchedulerSettings = config_for(SCHEDULER, args)
+    setup_logging("scheduler", settings.log_level, settings.log_format)
+    check_worker_auth(settings)
+    check_frontend_auth(settings)
+    asyncio.run(serve(settings))
 
 
 if __name__ == "__main__":

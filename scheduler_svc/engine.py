@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import logging
 import time
-from dataclasses import dataclass
 
 import grpc
 from prometheus_client import CollectorRegistry, Gauge
 
 from protos import frontend_pb2, worker_pb2
+from scheduler_svc.config import EngineConfig
 from scheduler_svc.convert import request_from_embed_input, request_from_generate
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.request import FinishReason, Request
@@ -72,23 +71,6 @@ class PlacementError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    scheduling_policy: str = "fcfs"
-    max_waiting_requests: int = 4096
-    worker_step_timeout: float = 300.0  # seconds a plan may stay unanswered; 0 = no limit
-    async_scheduling: bool = True  # plan step N+1 while the worker computes step N
-    debug_invariants: bool = False
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> EngineConfig:
-        return cls(**{name: getattr(args, name) for name in cls.__dataclass_fields__})
 
 
 class Engine:
@@ -166,7 +148,7 @@ class Engine:
                 max_model_len=registration.max_model_len,
                 enable_prefix_caching=self.config.enable_prefix_caching and not is_embed,
                 enable_chunked_prefill=chunked,
-                policy=self.config.scheduling_policy,
+                scheduling_policy=self.config.scheduling_policy,
                 kv_cache=not is_embed,
                 debug_invariants=self.config.debug_invariants,
             )

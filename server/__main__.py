@@ -5,18 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import prometheus_client
 import uvicorn
 
-from kvledger.flags import FRONTEND, parse
+from kvledger.flags import FRONTEND, config_for, parse
 from kvledger.log import setup_logging
 from kvledger.metrics_http import start_metrics_server
 from server.app import build_app
 from server.chat_template import ChatTemplateError, check_chat_template
 from server.connections import with_deadlines
-from server.limits import Limits
 from server.settings import Settings
 
 # Request line and headers together: larger is refused instead of buffered (nginx and
@@ -24,18 +22,15 @@ from server.settings import Settings
 H11_MAX_HEADER_BYTES = 16 * 1024
 
 
-def read_api_keys(args: argparse.Namespace) -> list[str]:
-    keys = list(args.api_key)
-    if args.api_keys_file:
-        lines = Path(args.api_keys_file).read_text().splitlines()
-        keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    return keys
-
-
-def checked_timeouts(args: argparse.Namespace) -> None:
+def checked_timeouts(settings: Settings) -> None:
     """A negative deadline would close every connection at once: startup stops instead."""
-    for flag in ("timeout_request_header", "timeout_request_body"):
-        if getattr(args, flag) < 0:
+    values = {
+        "timeout_request_header": settings.limits.timeout_request_header,
+        "timeout_request_body": settings.limits.timeout_request_body,
+        "scheduler_reconnect_timeout": settings.scheduler_reconnect_timeout,
+    }
+    for flag, value in values.items():
+        if value < 0:
             name = flag.replace("_", "-")
             raise SystemExit(
                 f"--{name} (KVLEDGER_{flag.upper()}): must be 0 (no limit) or more seconds"
@@ -43,18 +38,17 @@ def checked_timeouts(args: argparse.Namespace) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    checked_timeouts(args)
-    limits = Limits(**{name: getattr(args, name) for name in Limits.__dataclass_fields__})
-    return Settings(
-        scheduler=args.scheduler,
-        api_keys=read_api_keys(args),
-        require_models=args.require_model,
-        metrics_public=args.metrics_public,
-        limits=limits,
-        chat_template=checked_chat_template(args.chat_template),
-        scheduler_auth_token=args.frontend_auth_token,
-        scheduler_reconnect_timeout=args.scheduler_reconnect_timeout,
-    )
+    """The frontend's settings from its parsed flags, checked: startup stops (one line saying
+    why) on a negative deadline, a chat template that does not parse, an unreadable keys
+    file."""
+    settings = config_for(FRONTEND, args)
+    checked_timeouts(settings)
+    checked_chat_template(settings.chat_template)
+    try:
+        settings.api_keys  # noqa: B018 - read the keys file now, not at the first request
+    except OSError as err:
+        raise SystemExit(f"--api-keys-file (KVLEDGER_API_KEYS_FILE): {err}") from None
+    return settings
 
 
 def checked_chat_template(value: str | None) -> str | None:
@@ -70,25 +64,30 @@ def checked_chat_template(value: str | None) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     prometheus_client.disable_created_metrics()  # *_created series only add noise here
-    args = parse(FRONTEND, argv, "kvledger frontend: OpenAI-compatible HTTP API")
-    setup_logging("frontend", args.log_level, args.log_format)
-    app = build_app(settings_from_args(args))
-    if args.metrics_port is not None:
+    settings = settings_from_args(
+        parse(FRONTEND, argv, "kvledger frontend: OpenAI-compatible HTTP API")
+    )
+    setup_logging("frontend", settings.log_level, settings.log_format)
+    app = build_app(settings)
+    if settings.metrics_port is not None:
         # /metrics without a key, apart from the API: for a Prometheus on an internal network
-        start_metrics_server(args.metrics_port, addr=args.metrics_host, registry=app.state.registry)
+        start_metrics_server(
+            settings.metrics_port, addr=settings.metrics_host, registry=app.state.registry
+        )
+    limits = settings.limits
     uvicorn.run(
         app,
-        host=args.host,
-        port=args.port,
+        host=settings.host,
+        port=settings.port,
         log_config=None,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=args.shutdown_timeout,
-        limit_concurrency=args.limit_concurrency,
-        timeout_keep_alive=args.timeout_keep_alive,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=settings.shutdown_timeout,
+        limit_concurrency=limits.limit_concurrency,
+        timeout_keep_alive=limits.timeout_keep_alive,
         # h11 always (not httptools, should it be installed): the header bound below and the
         # header and body deadlines are h11's and this protocol's.
         http=with_deadlines(
-            args.timeout_request_header, args.timeout_request_body, app.state.request_timeouts
+            limits.timeout_request_header, limits.timeout_request_body, app.state.request_timeouts
         ),
         h11_max_incomplete_event_size=H11_MAX_HEADER_BYTES,
     )

@@ -66,9 +66,9 @@ def build_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.scheduler = SchedulerClient(
             settings.scheduler,
-            tuple(settings.require_models),
+            tuple(settings.require_model),
             settings.chat_template,
-            settings.scheduler_auth_token,
+            settings.frontend_auth_token,
             settings.scheduler_reconnect_timeout,
             resumptions,
         )

@@ -12,6 +12,7 @@ from pydantic import (
     model_serializer,
 )
 
+from kvledger.limits import MAX_LOGPROBS
 from server.protocol import INT32_MAX, SamplingRequest, text_fields
 from server.responses import Usage
 
@@ -59,7 +60,7 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     response_format: ResponseFormat | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None

@@ -1,9 +1,8 @@
-"""Request limits, checked before any model work."""
+"""Request limits, checked before any model work (their values: `Limits`, server/settings.py)."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 from prometheus_client import Counter
 from starlette.exceptions import HTTPException
@@ -11,17 +10,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import APIError
 from server.protocol import SamplingRequest
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_request_body_bytes: int = 4 * 1024 * 1024
-    max_prompts_per_request: int = 64
-    max_n: int = 16
-    max_stop_strings: int = 16
-    max_stop_string_length: int = 256
-    max_embedding_inputs: int = 256
-    timeout_request_body: float = 60.0
+from server.settings import Limits
 
 
 def check_sampling_limits(body: SamplingRequest, limits: Limits, num_prompts: int) -> None:

@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from kvledger.limits import MAX_LOGPROBS
+
 INT32_MAX = 2**31 - 1
 # strict: JSON true/false or 1.5 are not token ids (lax mode read true as 1)
 TokenId = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
@@ -108,7 +110,7 @@ class SamplingRequest(BaseModel):
 class CompletionRequest(SamplingRequest):
     prompt: Prompt
     max_tokens: int | None = Field(16, ge=0, le=INT32_MAX)  # 0: with echo, the prompt alone
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     add_special_tokens: bool = True
     # OpenAI's, not implemented here: refused with a 400 naming them unless left at their

@@ -1,20 +1,87 @@
-"""The frontend's settings, built from its flags (server/__main__.py)."""
+"""The frontend's configuration: every flag of `python -m server` is a field here
+(kvledger/options.py derives the flags, their environment variables and help from it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass
+from pathlib import Path
 
-from server.limits import Limits
+from kvledger.groups import (
+    LOOPBACK,
+    FrontendToken,
+    LogOptions,
+    MetricsOptions,
+    SchedulerAddress,
+    ShutdownOptions,
+)
+from kvledger.options import group, option
 
 
-@dataclass
-class Settings:
-    scheduler: str = "127.0.0.1:50051"
-    api_keys: list[str] = field(default_factory=list)
-    require_models: list[str] = field(default_factory=list)
-    metrics_public: bool = False
-    limits: Limits = field(default_factory=Limits)
-    # --chat-template: a file path or the template text; None = each model's own template.
-    chat_template: str | None = None
-    scheduler_auth_token: str = ""  # --frontend-auth-token, sent with every scheduler call
-    scheduler_reconnect_timeout: float = 30.0  # live requests wait this long for the scheduler
+@dataclass(frozen=True)
+class Limits:
+    """Request and connection limits, checked before any model work (server/limits.py)."""
+
+    max_request_body_bytes: int = option(4 * 1024 * 1024, "largest accepted request body")
+    max_prompts_per_request: int = option(64, "most prompts (times n) in one completion")
+    max_n: int = option(16, "largest n of one completion")
+    max_stop_strings: int = option(16, "most stop strings per request")
+    max_stop_string_length: int = option(256, "longest stop string")
+    limit_concurrency: int = option(
+        1000,
+        "most connections and requests the frontend holds at once; past it, new ones get 503 "
+        "(slow or idle clients cannot exhaust its file descriptors; uvicorn's name)",
+    )
+    timeout_keep_alive: int = option(
+        5, "seconds an idle kept-alive connection stays open (uvicorn's name)"
+    )
+    timeout_request_header: float = option(
+        10.0,
+        "seconds a client has to send a request line and headers, from the connection's "
+        "start or the first byte of a kept-alive connection's next request; past it the "
+        "connection is closed (with a 408 if part of a request came); 0 = no limit",
+    )
+    timeout_request_body: float = option(
+        60.0,
+        "seconds a client has to send a request body after its headers; past it a 408 and "
+        "the connection is closed; 0 = no limit",
+    )
+    max_embedding_inputs: int = option(256, "most inputs of one embeddings request")
+
+
+@dataclass(frozen=True)
+class Settings(FrontendToken, SchedulerAddress, MetricsOptions, ShutdownOptions, LogOptions):
+    """`python -m server`'s flags. The frontend's /metrics is on its HTTP port; --metrics-port
+    adds a keyless endpoint (DEFAULT_METRICS_PORT None: none unless asked)."""
+
+    host: str = option(LOOPBACK, "address the HTTP frontend binds")
+    port: int = option(8000, "HTTP port of the frontend")
+    api_key: list[str] = option([], "accepted API key (repeatable); none = open", secret=True)
+    require_model: list[str] = option(
+        [], "model that must have a live worker for /health to be 200 (repeatable)"
+    )
+    api_keys_file: str | None = option(None, "file with one accepted API key per line")
+    metrics_public: bool = option(False, "serve /metrics without an API key")
+    limits: Limits = group(Limits)
+    # A file path or the template text; None = each model's own template.
+    chat_template: str | None = option(
+        None,
+        "chat template for /v1/chat/completions (a file path or the template text), used "
+        "instead of each model's own",
+    )
+    scheduler_reconnect_timeout: float = option(
+        30.0,
+        "seconds a live request waits for a lost scheduler (restarted, or unreachable) before "
+        "it fails; once the scheduler answers again, the request goes on where its stream "
+        "was, as a continuation; 0 = fail at once",
+    )
+
+    @functools.cached_property
+    def api_keys(self) -> list[str]:
+        """Every accepted key: --api-key (or its variable), then --api-keys-file's lines
+        (blank lines and `#` comments skipped). Read once, at startup (server/__main__.py)."""
+        keys = list(self.api_key)
+        if self.api_keys_file:
+            lines = Path(self.api_keys_file).read_text().splitlines()
+            keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+        return keys

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
+import typing
+
 import pytest
 
-from kvledger import cli
+from kvledger import children, cli
 from kvledger.flags import (
+    CONFIGS,
     FLAGS,
     FRONTEND,
     SCHEDULER,
@@ -15,6 +21,7 @@ from kvledger.flags import (
     to_argv,
     to_env,
 )
+from kvledger.options import config_flags, flag_argv
 
 DESIGN_FLAGS = {
     FRONTEND: {"--host", "--port", "--api-key"},
@@ -163,3 +170,191 @@ def test_a_secret_on_the_command_line_is_warned_about(capsys):
     assert "value-1" not in err and "value-2" not in err, "the warning never repeats the secret"
     parse(FRONTEND, ["--port", "1"], "t")
     assert capsys.readouterr().err == ""
+
+
+# ---- declared once: the config dataclasses are the flags ----
+
+
+def _leaf_fields(cls) -> list[str]:
+    """Every setting of a config dataclass: its fields, nested config groups opened."""
+    hints = typing.get_type_hints(cls)
+    names = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            names += _leaf_fields(hint)
+        else:
+            names.append(f.name)
+    return names
+
+
+@pytest.mark.parametrize("service", [*CONFIGS, "serve"])
+def test_every_config_field_has_exactly_one_flag_and_one_environment_variable(service):
+    cls = CONFIGS.get(service, children.ServeSettings)
+    flags = flags_for(service) if service in CONFIGS else children.SERVE_ONLY_FLAGS
+    fields = _leaf_fields(cls)
+    assert sorted(f.dest for f in flags) == sorted(fields)
+    assert len(set(fields)) == len(fields), "a nested group hides a field"
+    assert sorted(f.env_var for f in flags) == sorted("KVLEDGER_" + n.upper() for n in fields)
+
+
+def test_a_flag_several_services_take_is_one_declaration():
+    """Which services take a flag follows from which configs hold its field."""
+    for flag in FLAGS:
+        takers = {s for s, cls in CONFIGS.items() if flag.dest in _leaf_fields(cls)}
+        assert flag.services == takers, flag.name
+        if len(takers) > 1:
+            assert flag.owner.startswith("kvledger.groups."), flag.name
+    names = [f.name for f in [*FLAGS, *children.SERVE_ONLY_FLAGS]]
+    assert len(names) == len(set(names))
+
+
+def test_a_field_that_is_no_option_is_refused():
+    @dataclasses.dataclass
+    class Loose:
+        stray: int = 3
+
+    with pytest.raises(TypeError, match="stray"):
+        config_flags(Loose)
+
+
+def test_choices_come_from_where_the_names_live():
+    from scheduler_svc.core.config import POLICIES
+    from worker.attention import BACKENDS
+    from worker.model_runner import DTYPES
+
+    by_name = {f.name: f for f in FLAGS}
+    assert by_name["--scheduling-policy"].choices == POLICIES
+    assert by_name["--attention-backend"].choices == BACKENDS
+    assert set(by_name["--dtype"].choices) == {"auto", *DTYPES}
+
+
+def test_the_ledgers_defaults_are_the_core_s():
+    from scheduler_svc.config import EngineConfig
+    from scheduler_svc.core.config import SchedulerConfig
+
+    core = {f.name: f.default for f in dataclasses.fields(SchedulerConfig)}
+    shared = [f for f in dataclasses.fields(EngineConfig) if f.name in core]
+    assert len(shared) == 6
+    for f in shared:
+        assert f.default == core[f.name], f.name
+
+
+def test_serve_and_the_configs_load_without_torch_grpc_or_the_web_framework():
+    code = (
+        "import sys, kvledger.cli, kvledger.flags;"
+        "print(sorted(m for m in ('torch', 'grpc', 'fastapi', 'starlette') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_serve_s_own_environment_values_are_checked_like_flags(monkeypatch, capsys):
+    monkeypatch.setenv("KVLEDGER_NUM_WORKERS", "two")
+    with pytest.raises(SystemExit) as stopped:
+        cli._serve_parser()
+    assert stopped.value.code == 2
+    assert "KVLEDGER_NUM_WORKERS='two': expected an integer" in capsys.readouterr().err
+
+
+# ---- kvledger serve hands every child every flag it takes ----
+
+
+def _unusual(flag):
+    """A value of this flag that is not its default."""
+    if flag.kind == "bool":
+        return not flag.default
+    if flag.kind == "switch":
+        return True
+    if flag.kind == "list":
+        return [f"{flag.dest}-1", f"{flag.dest}-2"]
+    if flag.choices:
+        return next(c for c in flag.choices if c != flag.default)
+    if flag.type is int:
+        return {"num_workers": 2, "metrics_port": 19400}.get(flag.dest, 7)
+    if flag.type is float:
+        return 0.25
+    return f"{flag.dest}-value"
+
+
+def test_the_per_process_flags_of_serve_are_these():
+    set_per_process = {
+        SCHEDULER: {"--metrics-port"},
+        WORKER: {"--scheduler", "--metrics-port", "--worker-id", "--served-model-name"},
+        children.EMBEDDING_WORKER: {
+            "--scheduler",
+            "--metrics-port",
+            "--worker-id",
+            "--served-model-name",
+            "--model",
+        },
+        FRONTEND: {"--scheduler", "--require-model"},
+    }
+    left_at_default = {
+        SCHEDULER: set(),
+        WORKER: set(),
+        children.EMBEDDING_WORKER: {
+            "--block-size",
+            "--num-kv-blocks",
+            "--kv-cache-memory-bytes",
+            "--gpu-memory-utilization",
+            "--max-model-len",
+            "--attention-backend",
+        },
+        FRONTEND: {"--metrics-port"},
+    }
+    assert set_per_process == children.SET_PER_PROCESS
+    assert left_at_default == children.LEFT_AT_DEFAULT
+
+
+def test_serve_forwards_every_flag_a_child_accepts(monkeypatch):
+    """Every flag of every child: serve's own value (secrets through the environment), or one
+    of the named exceptions above, computed per process or left at the child's default."""
+    argv = [a for f in children.serve_flags() for a in flag_argv(f, _unusual(f))]
+    with monkeypatch.context() as m:
+        m.delenv("KVLEDGER_API_KEY", raising=False)
+        serve_args = cli._serve_parser().parse_args(argv)
+    specs = children.plan(serve_args)
+    assert [(s.name, s.role) for s in specs] == [
+        ("scheduler", SCHEDULER),
+        ("worker-0", WORKER),
+        ("worker-1", WORKER),
+        ("embed-0", children.EMBEDDING_WORKER),
+        ("frontend", FRONTEND),
+    ]
+    for spec in specs:
+        secrets = {f.env_var: f for f in flags_for(spec.service) if f.secret}
+        assert set(spec.env) <= set(secrets)
+        for secret in spec.env.values():
+            assert secret not in spec.argv, "secrets never go on a command line"
+        with monkeypatch.context() as m:
+            for name in secrets:
+                m.delenv(name, raising=False)
+            for name, value in spec.env.items():
+                m.setenv(name, value)
+            handed = parse(spec.service, spec.argv, "t")
+        given = {a.split("=", 1)[0] for a in spec.argv if a.startswith("--")}
+        for flag in flags_for(spec.service):
+            value = getattr(handed, flag.dest)
+            if flag.name in children.SET_PER_PROCESS[spec.role]:
+                assert flag.name in given, (spec.name, flag.name)
+            elif flag.name in children.LEFT_AT_DEFAULT[spec.role]:
+                assert flag.name not in given, (spec.name, flag.name)
+            else:
+                assert value == getattr(serve_args, flag.dest), (spec.name, flag.name)
+    address = f"{serve_args.grpc_host}:{serve_args.grpc_port}"
+    worker1, embed = parse(WORKER, specs[2].argv, "t"), parse(WORKER, specs[3].argv, "t")
+    assert (worker1.scheduler, worker1.metrics_port) == (address, 19402)
+    assert worker1.worker_id == "worker_id-value-1"
+    assert (embed.model, embed.served_model_name, embed.metrics_port) == (
+        "embedding_model-value",
+        "embedding_model-value",
+        19403,
+    )
+    front = parse(FRONTEND, specs[-1].argv, "t")
+    assert front.require_model == [
+        "require_model-1",
+        "require_model-2",
+        "served_model_name-value",
+        "embedding_model-value",
+    ]

@@ -53,3 +53,18 @@ def test_request_deadlines_follow_their_flags_and_refuse_negative_values(monkeyp
         with pytest.raises(SystemExit) as stopped:
             settings_from_args(parse(FRONTEND, [flag, "-1"], "t"))
         assert str(stopped.value).startswith(flag)
+
+
+def test_a_missing_keys_file_stops_the_frontend_before_it_serves(tmp_path):
+    args = parse(FRONTEND, ["--api-keys-file", str(tmp_path / "keys")], "t")
+    with pytest.raises(SystemExit) as stopped:
+        settings_from_args(args)
+    assert str(stopped.value).startswith("--api-keys-file")
+
+
+def test_the_settings_are_the_flags():
+    """No field changes its name on the way from the flag to the app."""
+    args = parse(FRONTEND, ["--require-model", "m", "--max-n", "3", "--port", "9"], "t")
+    settings = settings_from_args(args)
+    assert (settings.require_model, settings.limits.max_n, settings.port) == (["m"], 3, 9)
+    assert settings.limits.timeout_request_header == args.timeout_request_header

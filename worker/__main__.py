@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import prometheus_client
 
-from kvledger.flags import WORKER, parse
+from kvledger.flags import WORKER, config_for, parse
 from kvledger.log import setup_logging
 from kvledger.metrics_http import start_metrics_server
 from kvledger.models import resolve_model
@@ -20,34 +20,36 @@ from worker.executor import Executor
 from worker.link import WorkerLinkClient
 from worker.metrics import WorkerMetrics
 from worker.runners import load_runner
+from worker.settings import CPU_KV_CACHE_BYTES, WorkerSettings
 
 log = logging.getLogger("worker")
-CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     prometheus_client.disable_created_metrics()  # *_created series only add noise here
-    args = parse(WORKER, argv, "kvledger worker: model, paged KV memory, attention")
-    setup_logging("worker", args.log_level, args.log_format)
-    stopper = Stopper("worker", args.shutdown_timeout).install()
-    model_path = resolve_model(args.model)
-    name = args.served_model_name or args.model
-    worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
-    kv_bytes = args.kv_cache_memory_bytes
-    if kv_bytes is None and not args.device.startswith("cuda"):
+    settings: WorkerSettings = config_for(
+        WORKER, parse(WORKER, argv, "kvledger worker: model, paged KV memory, attention")
+    )
+    setup_logging("worker", settings.log_level, settings.log_format)
+    stopper = Stopper("worker", settings.shutdown_timeout).install()
+    model_path = resolve_model(settings.model)
+    name = settings.served_model_name or settings.model
+    worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+    kv_bytes = settings.kv_cache_memory_bytes
+    if kv_bytes is None and not settings.device.startswith("cuda"):
         kv_bytes = CPU_KV_CACHE_BYTES
     runner = load_runner(
         model_path,
-        block_size=args.block_size,
-        num_blocks=args.num_kv_blocks,
+        block_size=settings.block_size,
+        num_blocks=settings.num_kv_blocks,
         kv_cache_memory_bytes=kv_bytes,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        dtype=args.dtype,
-        device=args.device,
-        max_model_len=args.max_model_len,
-        seed=args.seed,
-        attention_backend=args.attention_backend,
-        progress=args.log_format == "text",  # a progress bar is no JSON line
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        dtype=settings.dtype,
+        device=settings.device,
+        max_model_len=settings.max_model_len,
+        seed=settings.seed,
+        attention_backend=settings.attention_backend,
+        progress=settings.log_format == "text",  # a progress bar is no JSON line
     )
     kind = (
         frontend_pb2.MODEL_KIND_EMBED
@@ -64,11 +66,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_model_len=runner.max_model_len,
         vocab_size=runner.vocab_size,
         eos_token_ids=runner.eos_token_ids,
-        auth_token=args.worker_auth_token,
+        auth_token=settings.worker_auth_token,
         embedding_size=runner.embedding_size,
     )
     metrics = WorkerMetrics(name, worker_id)
-    start_metrics_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
+    start_metrics_server(
+        settings.metrics_port, addr=settings.metrics_host, registry=metrics.registry
+    )
     log.info(
         "worker %s: model %s (%s), %d KV blocks of %d tokens, metrics on :%d",
         worker_id,
@@ -76,9 +80,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         model_path,
         runner.num_blocks,
         runner.block_size,
-        args.metrics_port,
+        settings.metrics_port,
     )
-    client = WorkerLinkClient(args.scheduler, registration, Executor(runner), metrics)
+    client = WorkerLinkClient(settings.scheduler, registration, Executor(runner), metrics)
     stopper.on_stop(client.stop)
     client.run_forever()
     log.info("worker %s stopped", worker_id)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvledger.limits import MAX_LOGPROBS
 from worker.attention.base import AttentionMetadata
 
 
@@ -52,9 +53,6 @@ class SeqChunk:
         if self.prompt_logprobs < 0:
             return 0
         return max(min(self.end_pos, self.num_prompt_tokens - 1) - self.start_pos, 0)
-
-
-MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from worker.loader import load_weights
 from worker.models import build_model
 from worker.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
 from worker.sampler import NONFINITE_LOGITS, PromptLogprobs, Sample, Sampler, score_tokens
+from worker.settings import DTYPES as DTYPE_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 # otherwise hold chunk x vocab floats (GBs for a large vocabulary).
 PROMPT_SCORE_ROWS = 256
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES if name != "auto"}
 
 
 def resolve_dtype(name: str, cfg: ModelConfig | EncoderConfig) -> torch.dtype:

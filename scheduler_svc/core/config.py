@@ -1,4 +1,11 @@
-"""Scheduler configuration: the knobs of one ledger (one worker's KV pool)."""
+"""Scheduler configuration: the knobs of one ledger (one worker's KV pool).
+
+The defaults here are written once: the scheduler service's flags (`EngineConfig`,
+scheduler_svc/config.py) read them from this class, and the engine passes every knob to each
+ledger under the same name. `num_blocks`, `block_size` and `max_model_len` come from the
+worker's registration, never from the scheduler's flags; their defaults serve direct users of
+the core (its tests).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     # "fcfs"; "priority": lower value is served first, as in vLLM; "fair": tenants take
     # turns, each in arrival order (core/fair.py)
-    policy: str = "fcfs"
+    scheduling_policy: str = "fcfs"
     kv_cache: bool = True  # False: the no-KV manager (embedding models)
     debug_invariants: bool = False
 
@@ -30,8 +37,10 @@ class SchedulerConfig:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {POLICIES}, got {self.scheduling_policy!r}"
+            )
         # Without chunking a resumed request is recomputed in one step, so any length up to
         # the context must fit the budget or it could wait forever.
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:

@@ -85,14 +85,14 @@ def check_scheduler(scheduler: Ledger) -> None:
     # FCFS: by arrival; priority: by (priority, arrival); fair: interleaved by tenant, so the
     # back (where preemption takes from) is the latest request of a tenant holding the most.
     ensure(
-        running == running_order(scheduler.config.policy)(running),
-        f"running requests {running_ids} are out of {scheduler.config.policy} order",
+        running == running_order(scheduler.config.scheduling_policy)(running),
+        f"running requests {running_ids} are out of {scheduler.config.scheduling_policy} order",
     )
     ensure(
         scheduler.running_per_tenant == Counter(r.tenant for r in running),
         f"running per tenant {dict(scheduler.running_per_tenant)} is not what runs",
     )
-    if scheduler.config.policy == "fair":
+    if scheduler.config.scheduling_policy == "fair":
         _check_fcfs_within_tenants(waiting)
     tracker = scheduler.tracker
     ensure(

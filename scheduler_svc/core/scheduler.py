@@ -62,10 +62,10 @@ class Scheduler:
         # Running requests per tenant (status RUNNING), kept at each change of status; the
         # fair queue reads it.
         self.running_per_tenant: Counter[str] = Counter()
-        self.waiting = make_waiting_queue(config.policy, self.running_per_tenant)
+        self.waiting = make_waiting_queue(config.scheduling_policy, self.running_per_tenant)
         self.running: list[Request] = []  # kept in policy order: served first at the front
         self.requests: dict[str, Request] = {}  # every live (waiting or running) request
-        self._order = running_order(config.policy)
+        self._order = running_order(config.scheduling_policy)
         # The head the last pass stopped at for want of a seat or a block (the fair policy
         # acts on it: core/fair.py).
         self._stall: Stall | None = None
@@ -166,7 +166,7 @@ class Scheduler:
         self.requests.clear()
         self.running = []
         self.running_per_tenant.clear()
-        self.waiting = make_waiting_queue(self.config.policy, self.running_per_tenant)
+        self.waiting = make_waiting_queue(self.config.scheduling_policy, self.running_per_tenant)
         self._stall = None
         self._dropped = []
         self._in_flight = []
@@ -185,7 +185,7 @@ class Scheduler:
         cont: list[ScheduledCont] = []
         new: list[ScheduledNew] = []
         stall, self._stall = self._stall, None
-        if stall is not None and self.config.policy == "fair":
+        if stall is not None and self.config.scheduling_policy == "fair":
             self._take_seat_for(stall)
         budget, preempted = self._schedule_running(cont, full_budget)
         budget = self._schedule_waiting(new, budget, preempted)

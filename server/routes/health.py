@@ -42,7 +42,7 @@ async def health(request: Request) -> Response:
                 models = {}
             ok = bool(models) and all(
                 name in models and models[name].info.num_workers > 0
-                for name in settings_of(request).require_models
+                for name in settings_of(request).require_model
             )
     except Exception:  # a health check answers; it never fails with a 500
         log.exception("health check failed")

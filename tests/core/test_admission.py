@@ -238,7 +238,7 @@ def _assert_untouched(h: Harness, rid: str) -> None:
 
 
 def test_a_step_that_preempted_releases_the_head_lookup_as_preempted_step(kv: bool) -> None:
-    h = Harness.build(kv, num_blocks=4, policy="priority")
+    h = Harness.build(kv, num_blocks=4, scheduling_policy="priority")
     h.add(request("a", range(6), max_tokens=5, priority=0))
     h.add(request("b", range(10, 18), max_tokens=5, priority=5))
     h.step()
@@ -276,7 +276,7 @@ def test_prompt_logprob_requests_skip_the_cache_but_still_fill_it(kv: bool) -> N
 
 def test_waiting_requests_are_served_in_policy_order(kv: bool) -> None:
     for policy, expected in (("fcfs", ["a", "b", "c"]), ("priority", ["c", "a", "b"])):
-        h = Harness.build(kv, policy=policy, max_num_seqs=1)
+        h = Harness.build(kv, scheduling_policy=policy, max_num_seqs=1)
         h.add(
             request("a", [1, 2], max_tokens=1, priority=1),
             request("b", [3, 4], max_tokens=1, priority=2),

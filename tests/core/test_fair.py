@@ -79,7 +79,7 @@ def test_a_preempted_request_goes_back_ahead_of_its_own_tenant_only() -> None:
 def test_a_burst_does_not_hold_another_tenants_request_beyond_one_round(
     kv: bool, policy: str
 ) -> None:
-    h = Harness.build(kv, policy=policy, max_num_seqs=1)
+    h = Harness.build(kv, scheduling_policy=policy, max_num_seqs=1)
     h.add(
         *[request(f"a{i}", range(10 * i, 10 * i + 4), max_tokens=2, tenant="A") for i in range(5)]
     )
@@ -94,7 +94,7 @@ def test_a_burst_does_not_hold_another_tenants_request_beyond_one_round(
 
 
 def test_tenants_take_turns_and_each_keeps_its_arrival_order(kv: bool) -> None:
-    h = Harness.build(kv, policy="fair", max_num_seqs=1)
+    h = Harness.build(kv, scheduling_policy="fair", max_num_seqs=1)
     for rid in ["a0", "a1", "a2", "b0", "b1", "b2", "c0"]:
         h.add(request(rid, [len(h.sched.requests) + 1] * 3, max_tokens=1, tenant=rid[0]))
     assert admissions(h) == ["a0", "b0", "c0", "a1", "b1", "a2", "b2"]
@@ -103,14 +103,14 @@ def test_tenants_take_turns_and_each_keeps_its_arrival_order(kv: bool) -> None:
 def test_one_tenant_is_served_first_come_first_served(kv: bool) -> None:
     orders = []
     for policy in ("fcfs", "fair"):
-        h = Harness.build(kv, policy=policy, max_num_seqs=2, num_blocks=6)
+        h = Harness.build(kv, scheduling_policy=policy, max_num_seqs=2, num_blocks=6)
         h.add(*[request(f"r{i}", range(10 * i, 10 * i + 6), max_tokens=5) for i in range(5)])
         orders.append(admissions(h))
     assert orders[0] == orders[1]
 
 
 def test_a_newcomer_takes_a_seat_from_the_tenant_holding_every_one(kv: bool) -> None:
-    h = Harness.build(kv, policy="fair", max_num_seqs=4, num_blocks=32)
+    h = Harness.build(kv, scheduling_policy="fair", max_num_seqs=4, num_blocks=32)
     burst = [
         request(f"a{i}", range(10 * i, 10 * i + 5), max_tokens=20, tenant="A") for i in range(6)
     ]
@@ -136,7 +136,9 @@ def test_a_newcomer_takes_a_seat_from_the_tenant_holding_every_one(kv: bool) -> 
 
 
 def test_a_newcomer_short_of_blocks_takes_them_from_the_busiest_tenant() -> None:
-    h = Harness.build(True, policy="fair", num_blocks=6)  # three requests of two blocks fill it
+    h = Harness.build(
+        True, scheduling_policy="fair", num_blocks=6
+    )  # three requests of two blocks fill it
     h.add(
         *[request(f"a{i}", range(10 * i, 10 * i + 5), max_tokens=4, tenant="A") for i in range(3)]
     )
@@ -154,7 +156,7 @@ def test_a_newcomer_short_of_blocks_takes_them_from_the_busiest_tenant() -> None
 
 
 def test_no_seat_is_taken_when_a_request_ended_meanwhile(kv: bool) -> None:
-    h = Harness.build(kv, policy="fair", max_num_seqs=3)
+    h = Harness.build(kv, scheduling_policy="fair", max_num_seqs=3)
     h.add(request("a0", [1, 2, 3], max_tokens=2, tenant="A"))
     h.add(*[request(f"a{i}", [i, i, i], max_tokens=9, tenant="A") for i in (1, 2)])
     h.step()
@@ -168,7 +170,7 @@ def test_no_seat_is_taken_when_a_request_ended_meanwhile(kv: bool) -> None:
 
 @pytest.mark.parametrize("policy", ["fcfs", "fair"])
 def test_growth_preempts_the_busiest_tenants_latest_not_the_latest_arrival(policy: str) -> None:
-    h = Harness.build(True, policy=policy, num_blocks=8)
+    h = Harness.build(True, scheduling_policy=policy, num_blocks=8)
     h.add(
         *[request(f"a{i}", range(10 * i, 10 * i + 7), max_tokens=6, tenant="A") for i in range(3)]
     )
@@ -185,7 +187,7 @@ def test_growth_preempts_the_busiest_tenants_latest_not_the_latest_arrival(polic
 
 
 def test_a_drained_ledger_starts_even(kv: bool) -> None:
-    h = Harness.build(kv, policy="fair", max_num_seqs=2)
+    h = Harness.build(kv, scheduling_policy="fair", max_num_seqs=2)
     h.add(*[request(f"a{i}", [i + 1] * 3, max_tokens=4, tenant="A") for i in range(3)])
     h.step()
     drained = h.sched.drain()

@@ -151,7 +151,7 @@ def test_a_claim_the_worker_refuses_is_recomputed_and_counted(kv: bool) -> None:
 def test_requests_the_worker_refuses_return_to_the_queue_in_policy_order(
     policy: str, reported: list[str]
 ) -> None:
-    sched = Scheduler(config(policy=policy))
+    sched = Scheduler(config(scheduling_policy=policy))
     sched.add_request(request("p", range(8), max_tokens=1))
     sched.update_from_output(sched.schedule(), ModelResult(sampled={"p": 1}))
     for i in range(3):

@@ -45,7 +45,7 @@ def test_fcfs_preempts_the_latest_arrival(kv: bool) -> None:
 
 
 def test_priority_preempts_the_lowest_priority_even_if_it_arrived_first(kv: bool) -> None:
-    h = Harness.build(kv, num_blocks=6, policy="priority")
+    h = Harness.build(kv, num_blocks=6, scheduling_policy="priority")
     low = request("low", range(0, 8), max_tokens=3, priority=9)
     mid = request("mid", range(20, 28), max_tokens=3, priority=1)
     high = request("high", range(40, 48), max_tokens=3, priority=0)

@@ -128,7 +128,7 @@ class LedgerMachine(RuleBasedStateMachine):
             max_model_len=max_model_len,
             enable_prefix_caching=caching,
             enable_chunked_prefill=chunked,
-            policy=policy,
+            scheduling_policy=policy,
         )
         worker = FakeWorker(block_size, kv=self.kv, next_token=next_token, late=self.ahead)
         self.h = Harness(Scheduler(cfg), worker)

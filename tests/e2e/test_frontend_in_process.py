@@ -137,7 +137,7 @@ def test_health_is_503_when_a_required_model_cannot_be_loaded(scheduler, model_d
             return (await http.get("/health")).status_code
 
         for required, expected in ((["good"], 200), (["good", "bad"], 503)):
-            settings = Settings(scheduler=scheduler.target, require_models=required)
+            settings = Settings(scheduler=scheduler.target, require_model=required)
             assert asyncio.run(with_app(settings, body)) == expected, required
 
 

@@ -15,10 +15,11 @@ from worker.attention.flash_attn_backend import (
     check_flash_attn,
 )
 from worker.attention.torch_backend import TorchAttention
+from worker.settings import ATTENTION_BACKENDS
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "torch", "cpu", "flash_attn")
+BACKENDS = ATTENTION_BACKENDS  # the names live in the worker's settings (torch-free)
 
 
 def get_backend(

@@ -1,0 +1,86 @@
+"""Settings several services take, each declared once (kvledger/options.py).
+
+A service config inherits the groups it takes; a flag shared by services is one field here, and
+which services take it follows from which service configs inherit its group
+(kvledger/flags.py). Each group is a dataclass of `option`s only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvledger.log import FORMATS, LEVELS
+from kvledger.options import option
+
+LOOPBACK = "127.0.0.1"  # every port binds loopback unless told otherwise
+SCHEDULER_GRPC_PORT = 50051
+
+
+@dataclass(frozen=True)
+class SchedulerAddress:
+    """Services that call the scheduler (frontend, worker)."""
+
+    scheduler: str = option(f"{LOOPBACK}:{SCHEDULER_GRPC_PORT}", "scheduler gRPC address HOST:PORT")
+
+
+@dataclass(frozen=True)
+class FrontendToken:
+    """The frontend sends it, the scheduler checks it."""
+
+    frontend_auth_token: str = option(
+        "",
+        "shared secret frontends send with every call to the scheduler; the scheduler refuses "
+        "to start without one unless --allow-unauthenticated-frontends",
+        secret=True,
+    )
+
+
+@dataclass(frozen=True)
+class WorkerToken:
+    """A worker presents it, the scheduler checks it."""
+
+    worker_auth_token: str = option(
+        "",
+        "shared secret a worker presents when it registers; the scheduler refuses to start "
+        "without one unless --allow-unauthenticated-workers",
+        secret=True,
+    )
+
+
+@dataclass(frozen=True)
+class MetricsOptions:
+    """The Prometheus endpoint. A service config's DEFAULT_METRICS_PORT (a class attribute,
+    not a flag) is its port when --metrics-port is not given; None: no separate endpoint."""
+
+    DEFAULT_METRICS_PORT = None
+
+    metrics_port: int | None = option(
+        None,
+        "Prometheus port (serve: scheduler here, worker i at +1+i); the frontend serves "
+        "/metrics on its HTTP port (behind --api-key) and, with this set, also here without "
+        "a key, for a Prometheus on an internal network",
+    )
+    metrics_host: str = option(
+        LOOPBACK,
+        "address the Prometheus endpoint binds (loopback, like every other port by default; "
+        "0.0.0.0 where a Prometheus on another host scrapes it)",
+    )
+
+
+@dataclass(frozen=True)
+class ShutdownOptions:
+    shutdown_timeout: float = option(
+        10.0,
+        "seconds a stopping service gives in-flight work before it exits anyway "
+        "(serve: each child, then it kills what is left)",
+    )
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    log_format: str = option(
+        "text",
+        "text, or json: one JSON object per line, with the request id on lines about a request",
+        choices=FORMATS,
+    )
+    log_level: str = option("info", "logging level", choices=LEVELS)

@@ -1,0 +1,304 @@
+"""Flags and environment variables derived from config dataclasses (the way vLLM derives its
+argparse from its config classes).
+
+A service's config dataclass is the one place a setting is declared: its field, default, help
+text and choices. Every field declared with `option(...)` is the flag ``--field-name`` and the
+environment variable ``KVLEDGER_FIELD_NAME``; a field whose type is itself a config dataclass
+(`group(...)`) contributes its fields at that place, flat (``--max-n``, not ``--limits-max-n``).
+Fields several services take are declared once in a small base class that each service config
+inherits (kvledger/groups.py); they come after the service's own fields, in inheritance order.
+
+The kind of flag follows from the field:
+
+- ``bool`` defaulting to False: a switch ``--x``; defaulting to True: ``--x/--no-x``;
+- ``list[...]``: repeatable ``--x a --x b`` (its variable: a comma- or space-separated list,
+  taken only when the flag is not given at all);
+- anything else (``int``, ``float``, ``str``, optionally ``| None``): ``--x VALUE``.
+
+An environment variable is parsed exactly as its flag would be; a value the flag would refuse
+stops startup with one line naming the variable and what it accepts (exit 2, like argparse).
+
+This module knows no service: kvledger/flags.py says which config each service has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import os
+import sys
+import types
+import typing
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ENV_PREFIX = "KVLEDGER_"
+_META = "kvledger.option"
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off", "")
+
+
+@dataclass(frozen=True)
+class _Option:
+    help: str
+    choices: tuple[Any, ...] | None
+    secret: bool
+
+
+def option(
+    default: Any = None,
+    help: str = "",
+    *,
+    choices: Iterable[Any] | None = None,
+    secret: bool = False,
+) -> Any:
+    """A config field that is also a flag and an environment variable. `secret`: handed to
+    child processes in the environment, never in argv, and warned about on a command line.
+    A list default is copied for each instance."""
+    meta = {_META: _Option(help, tuple(choices) if choices is not None else None, secret)}
+    if isinstance(default, list):
+        items = tuple(default)
+        return dataclasses.field(default_factory=lambda: list(items), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def group(cls: type) -> Any:
+    """A nested config whose fields are flags at this place (flat names)."""
+    return dataclasses.field(default_factory=cls)
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # "--max-num-seqs"
+    services: frozenset[str]
+    help: str
+    type: Any = str
+    default: Any = None
+    kind: str = "value"  # "value" | "bool" (--x/--no-x) | "switch" (--x) | "list" (repeatable)
+    choices: Sequence[Any] | None = None
+    secret: bool = False
+    path: tuple[str, ...] = ()  # attributes from the service config to the value
+    owner: str = ""  # the dataclass that declares the field ("module.Class")
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+    @property
+    def env_var(self) -> str:
+        return ENV_PREFIX + self.dest.upper()
+
+
+def _fields_in_order(cls: type) -> Iterator[tuple[type, dataclasses.Field]]:
+    """(declaring class, field): the class's own fields first, then each base's in MRO order."""
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    seen: set[str] = set()
+    for klass in cls.__mro__:
+        for name in inspect.get_annotations(klass):
+            if name in by_name and name not in seen:
+                seen.add(name)
+                yield klass, by_name[name]
+
+
+def _unwrap_optional(hint: Any) -> Any:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
+
+
+def config_flags(cls: type, services: Iterable[str] = (), path: tuple[str, ...] = ()) -> list[Flag]:
+    """The flags of a config dataclass, in help order. Every field is an `option` or a `group`:
+    anything else is a mistake and raises TypeError (each field has exactly one flag)."""
+    hints = typing.get_type_hints(cls)
+    flags: list[Flag] = []
+    for owner, f in _fields_in_order(cls):
+        hint = _unwrap_optional(hints[f.name])
+        meta = f.metadata.get(_META)
+        if meta is None:
+            if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+                flags += config_flags(hint, services, (*path, f.name))
+                continue
+            raise TypeError(f"{cls.__name__}.{f.name} is neither an option(...) nor a group(...)")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        value_type, kind = hint, "value"
+        if hint is bool:
+            kind = "bool" if default else "switch"
+        elif typing.get_origin(hint) is list:
+            kind, (value_type,) = "list", typing.get_args(hint)
+            default = None  # the environment's list, or [] (fill_list_defaults)
+        flags.append(
+            Flag(
+                name="--" + f.name.replace("_", "-"),
+                services=frozenset(services),
+                help=meta.help,
+                type=value_type,
+                default=default,
+                kind=kind,
+                choices=meta.choices,
+                secret=meta.secret,
+                path=(*path, f.name),
+                owner=f"{owner.__module__}.{owner.__qualname__}",
+            )
+        )
+    return flags
+
+
+def from_namespace(cls: type, args: argparse.Namespace | Any) -> Any:
+    """The config built from parsed flags (`args.<dest>` for each field, groups recursively)."""
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.metadata.get(_META) is None:
+            values[f.name] = from_namespace(_unwrap_optional(hints[f.name]), args)
+        else:
+            values[f.name] = getattr(args, f.name)
+    return cls(**values)
+
+
+# ---- the environment ----
+
+
+class EnvValueError(ValueError):
+    """An environment variable holds a value its flag would refuse on the command line."""
+
+
+def _a(kind: str) -> str:
+    return {"int": "an integer", "float": "a number", "str": "a string"}.get(kind, kind)
+
+
+def env_default(flag: Flag, environ: Mapping[str, str] | None = None) -> Any:
+    """The flag's default, or its environment variable parsed exactly as the flag would be.
+
+    A value the flag would refuse stops startup: compose and Kubernetes configure every service
+    through the environment, where a typo (`flase`, `lifo`) must not quietly mean something else.
+    """
+    raw = (os.environ if environ is None else environ).get(flag.env_var)
+    if raw is None:
+        return flag.default
+    if flag.kind in ("bool", "switch"):
+        word = raw.strip().lower()
+        if word in TRUE_WORDS:
+            return True
+        if word in FALSE_WORDS:
+            return False
+        raise EnvValueError(
+            f"{flag.env_var}={raw!r}: expected a boolean "
+            f"({', '.join(TRUE_WORDS)} or {', '.join(w for w in FALSE_WORDS if w)})"
+        )
+    if flag.kind == "list":
+        return [flag.type(item) for item in raw.replace(",", " ").split() if item]
+    try:
+        value = flag.type(raw.strip())
+    except ValueError:
+        kind = getattr(flag.type, "__name__", "value")
+        raise EnvValueError(f"{flag.env_var}={raw!r}: expected {_a(kind)}") from None
+    if flag.choices is not None and value not in flag.choices:
+        raise EnvValueError(f"{flag.env_var}={raw!r}: expected one of {', '.join(flag.choices)}")
+    return value
+
+
+def env_errors(flags: Iterable[Flag]) -> list[str]:
+    """Every environment variable of these flags whose value the flag would refuse."""
+    problems = []
+    for flag in flags:
+        try:
+            env_default(flag)
+        except EnvValueError as err:
+            problems.append(str(err))
+    return problems
+
+
+def check_env(parser: argparse.ArgumentParser, flags: Iterable[Flag]) -> None:
+    """Stops startup with one line naming each bad variable and what it accepts (exit 2, as
+    argparse does for a bad flag) when an environment variable holds a value its flag would
+    refuse."""
+    problems = env_errors(flags)
+    if problems:
+        parser.exit(2, f"{parser.prog}: error: {'; '.join(problems)}\n")
+
+
+# ---- the command line ----
+
+
+def add_flags(parser: argparse.ArgumentParser, flags: Iterable[Flag]) -> None:
+    flags = list(flags)
+    check_env(parser, flags)
+    for flag in flags:
+        default = env_default(flag)
+        help_text = f"{flag.help} [env {flag.env_var}]"
+        if flag.kind == "bool":
+            parser.add_argument(
+                flag.name,
+                dest=flag.dest,
+                default=default,
+                help=help_text,
+                action=argparse.BooleanOptionalAction,
+            )
+        elif flag.kind == "switch":
+            parser.add_argument(
+                flag.name, dest=flag.dest, default=default, help=help_text, action="store_true"
+            )
+        elif flag.kind == "list":
+            parser.add_argument(
+                flag.name,
+                dest=flag.dest,
+                default=None,
+                help=help_text,
+                type=flag.type,
+                action="append",
+            )
+        else:
+            parser.add_argument(
+                flag.name,
+                dest=flag.dest,
+                default=default,
+                help=help_text,
+                type=flag.type,
+                choices=flag.choices,
+            )
+
+
+def fill_list_defaults(args: argparse.Namespace, flags: Iterable[Flag]) -> None:
+    """Repeatable flags take the environment only when none is given on the command line."""
+    for flag in flags:
+        if flag.kind == "list" and getattr(args, flag.dest, None) is None:
+            setattr(args, flag.dest, env_default(flag) or [])
+
+
+def warn_secrets_on_command_line(argv: Sequence[str], flags: Iterable[Flag]) -> list[str]:
+    """Secret flags given as arguments (`ps` shows every process's argv to every user): each
+    is named on stderr with the variable to use instead. Returns the names."""
+    found = []
+    for flag in flags:
+        if flag.secret and any(a == flag.name or a.startswith(flag.name + "=") for a in argv):
+            found.append(flag.name)
+            print(
+                f"warning: {flag.name} on the command line is visible to every user in `ps`; "
+                f"prefer {flag.env_var}" + (" or --api-keys-file" if flag.kind == "list" else ""),
+                file=sys.stderr,
+            )
+    return found
+
+
+def flag_argv(flag: Flag, value: Any) -> list[str]:
+    """One flag's value as arguments (nothing for None, an unset switch, an empty list)."""
+    if value is None:
+        return []
+    if flag.kind == "bool":
+        return [flag.name if value else "--no-" + flag.name[2:]]
+    if flag.kind == "switch":
+        return [flag.name] if value else []
+    if flag.kind == "list":
+        return [a for item in value for a in (flag.name, str(item))]
+    return [flag.name, str(value)]
+
+
+def flag_env(flag: Flag, value: Any) -> dict[str, str]:
+    """One flag's value as its environment variable (nothing for an empty value)."""
+    if not value:
+        return {}
+    return {flag.env_var: ",".join(map(str, value)) if flag.kind == "list" else str(value)}

@@ -1,0 +1,82 @@
+"""The scheduler service's configuration: every flag of `python -m scheduler_svc` is a field here
+(kvledger/options.py derives the flags, their environment variables and help from it).
+
+The ledger's knobs (`EngineConfig`) take their defaults from the core's `SchedulerConfig`, where
+each is written once; the engine hands them to every ledger it builds under the same names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvledger.groups import (
+    LOOPBACK,
+    SCHEDULER_GRPC_PORT,
+    FrontendToken,
+    LogOptions,
+    MetricsOptions,
+    ShutdownOptions,
+    WorkerToken,
+)
+from kvledger.options import group, option
+from scheduler_svc.core.config import POLICIES, SchedulerConfig
+
+_LEDGER = SchedulerConfig  # its class attributes are its field defaults
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine needs: the ledgers' knobs, queue bounds, the step deadline."""
+
+    max_num_seqs: int = option(_LEDGER.max_num_seqs, "most sequences in one step")
+    max_num_batched_tokens: int = option(_LEDGER.max_num_batched_tokens, "token budget of one step")
+    enable_prefix_caching: bool = option(
+        _LEDGER.enable_prefix_caching, "reuse KV blocks of shared prefixes"
+    )
+    enable_chunked_prefill: bool = option(
+        _LEDGER.enable_chunked_prefill, "split long prompts across steps"
+    )
+    scheduling_policy: str = option(
+        _LEDGER.scheduling_policy,
+        "who is served first: fcfs (first come, first served), priority (the request's "
+        "priority, lower first, as in vLLM), fair (tenants, one per API key, take turns; "
+        "a tenant's own requests in arrival order; a burst may lose seats to another tenant)",
+        choices=POLICIES,
+    )
+    max_waiting_requests: int = option(4096, "queue length per model past which requests get 429")
+    # seconds a plan may stay unanswered; 0 = no limit
+    worker_step_timeout: float = option(
+        300.0,
+        "seconds a worker may take to answer one plan before it counts as lost "
+        "(its requests move to another worker); 0 = wait forever",
+    )
+    # plan step N+1 while the worker computes step N
+    async_scheduling: bool = option(
+        True,
+        "plan each worker's next step while it computes the current one (two plans in "
+        "flight), so it never waits for the scheduler between steps",
+    )
+    debug_invariants: bool = option(
+        _LEDGER.debug_invariants, "check every ledger invariant after every step"
+    )
+
+
+@dataclass(frozen=True)
+class SchedulerSettings(FrontendToken, MetricsOptions, WorkerToken, ShutdownOptions, LogOptions):
+    """`python -m scheduler_svc`'s flags."""
+
+    DEFAULT_METRICS_PORT = 9400
+
+    grpc_host: str = option(LOOPBACK, "address the scheduler's gRPC server binds")
+    grpc_port: int = option(SCHEDULER_GRPC_PORT, "gRPC port of the scheduler")
+    engine: EngineConfig = group(EngineConfig)
+    allow_unauthenticated_frontends: bool = option(
+        False,
+        "serve the frontend API (Generate, ListModels, ResetPrefixCache...) to any caller "
+        "without --frontend-auth-token (loopback tests only)",
+    )
+    allow_unauthenticated_workers: bool = option(
+        False,
+        "accept workers without --worker-auth-token: any process that reaches the gRPC port "
+        "can then register, read users' prompts and choose their tokens (loopback tests only)",
+    )

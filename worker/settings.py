@@ -1,0 +1,62 @@
+"""The worker's configuration: every flag of `python -m worker` is a field here
+(kvledger/options.py derives the flags, their environment variables and help from it).
+
+A leaf module, free of torch, so that `kvledger serve`, the frontend and the scheduler can
+read the worker's flags without loading it: the names the worker accepts for dtypes and
+attention backends live here, and the modules that implement them import them from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvledger.groups import (
+    LogOptions,
+    MetricsOptions,
+    SchedulerAddress,
+    ShutdownOptions,
+    WorkerToken,
+)
+from kvledger.options import option
+
+# "auto": the checkpoint's dtype when it is a half type, else float32 (worker/model_runner.py).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+# worker/attention/__init__.py: get_backend
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash_attn")
+# The KV budget on CPU when --kv-cache-memory-bytes is not given.
+CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class WorkerSettings(SchedulerAddress, MetricsOptions, WorkerToken, ShutdownOptions, LogOptions):
+    """`python -m worker`'s flags."""
+
+    DEFAULT_METRICS_PORT = 9401  # + i for the i-th worker `kvledger serve` starts
+
+    model: str = option(
+        "tiny-llama", "HF model directory, or tiny-llama (generated random weights)"
+    )
+    served_model_name: str | None = option(
+        None, "name clients use for the model (default: derived)"
+    )
+    block_size: int = option(16, "tokens per KV block")
+    num_kv_blocks: int | None = option(
+        None, "fixed number of KV blocks (overrides the memory budget)"
+    )
+    kv_cache_memory_bytes: int | None = option(
+        None,
+        f"KV cache budget in bytes (default: {CPU_KV_CACHE_BYTES >> 20} MiB on "
+        "CPU; on CUDA, --gpu-memory-utilization decides)",
+    )
+    gpu_memory_utilization: float = option(0.9, "fraction of GPU memory for weights and KV")
+    max_model_len: int | None = option(None, "context length (default: the model's)")
+    dtype: str = option("float32", "weight and activation dtype", choices=DTYPES)
+    device: str = option("cpu", "torch device")
+    attention_backend: str = option(
+        "auto",
+        "paged attention kernel (auto: flash_attn on CUDA when importable; on CPU the "
+        "compiled paged kernel, cpu, when it builds; else torch, the reference)",
+        choices=ATTENTION_BACKENDS,
+    )
+    seed: int = option(0, "base random seed")
+    worker_id: str | None = option(None, "name of this worker (default: host-pid)")
