@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from kvledger.limits import MAX_LOGPROBS
 from worker.attention.base import AttentionMetadata
+from worker.sampling_params import GREEDY, SamplingParams
 
 
 @dataclass
@@ -19,28 +20,12 @@ class SeqChunk:
     start_pos: int  # tokens of this sequence already in the KV cache
     block_table: list[int]  # covers start_pos + len(token_ids) tokens
     sample: bool  # True: return a next token sampled after the last of token_ids
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    min_p: float = 0.0  # 0 = off
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0  # 1 = off
-    # Per-request seed; the generator is derived per position (seed, start_pos + len) so the
-    # same request recomputed elsewhere samples the same tokens.
-    seed: int | None = None
-    logprobs: int = -1  # -1: none; N >= 0: the sampled token's logprob and the top N
-    # -1: none; N >= 0: the logprob of each prompt token this chunk's positions predict (token
-    # i + 1 from position i) and the top N. The scheduler gives such requests no cache hit, so
-    # some chunk computes every prompt position.
-    prompt_logprobs: int = -1
+    sampling: SamplingParams = GREEDY  # the request's settings, shared by all its chunks
     # The sequence to date (prompt, then output) and where the prompt ends; read only when a
     # penalty is set or prompt logprobs are asked for. The executor passes its own list: no copy
     # per step.
     all_token_ids: Sequence[int] = ()
     num_prompt_tokens: int = 0
-    # OpenAI's logit_bias: token id -> bias added to its logit before sampling (None = none).
-    logit_bias: Mapping[int, float] | None = None
 
     @property
     def end_pos(self) -> int:
@@ -50,7 +35,7 @@ class SeqChunk:
     def num_prompt_scored(self) -> int:
         """Prompt tokens whose logprob this chunk yields: those its positions predict, up to the
         last prompt token (the last prompt position predicts the first sampled token)."""
-        if self.prompt_logprobs < 0:
+        if self.sampling.prompt_logprobs < 0:
             return 0
         return max(min(self.end_pos, self.num_prompt_tokens - 1) - self.start_pos, 0)
 
@@ -153,28 +138,28 @@ def _check(chunk: SeqChunk, limits: BatchLimits) -> list[int]:
     if min(table) < 0 or max(table) >= limits.num_blocks:
         raise ValueError(f"{who}: block id outside [0, {limits.num_blocks})")
     if chunk.sample:
-        _check_sampling(chunk, who)
-    if chunk.prompt_logprobs > MAX_LOGPROBS:
+        _check_sampling(chunk.sampling, who)
+    if chunk.sampling.prompt_logprobs > MAX_LOGPROBS:
         raise ValueError(
-            f"{who}: at most {MAX_LOGPROBS} prompt logprobs, got {chunk.prompt_logprobs}"
+            f"{who}: at most {MAX_LOGPROBS} prompt logprobs, got {chunk.sampling.prompt_logprobs}"
         )
     if chunk.num_prompt_scored and len(chunk.all_token_ids) < chunk.num_prompt_tokens:
         raise ValueError(f"{who}: prompt logprobs need the whole prompt")
     return table
 
 
-def _check_sampling(chunk: SeqChunk, who: str) -> None:
-    if not 0 <= chunk.temperature < math.inf:
+def _check_sampling(sp: SamplingParams, who: str) -> None:
+    if not 0 <= sp.temperature < math.inf:
         raise ValueError(f"{who}: temperature must be >= 0")
-    if not 0 < chunk.top_p <= 1:
+    if not 0 < sp.top_p <= 1:
         raise ValueError(f"{who}: top_p must be in (0, 1]")
-    if chunk.top_k < 0:
+    if sp.top_k < 0:
         raise ValueError(f"{who}: top_k must be >= 0")
-    if not 0 <= chunk.min_p <= 1:
+    if not 0 <= sp.min_p <= 1:
         raise ValueError(f"{who}: min_p must be in [0, 1]")
-    if not 0 < chunk.repetition_penalty < math.inf:
+    if not 0 < sp.repetition_penalty < math.inf:
         raise ValueError(f"{who}: repetition_penalty must be > 0")
-    if not (math.isfinite(chunk.presence_penalty) and math.isfinite(chunk.frequency_penalty)):
+    if not (math.isfinite(sp.presence_penalty) and math.isfinite(sp.frequency_penalty)):
         raise ValueError(f"{who}: presence and frequency penalties must be finite")
-    if chunk.logprobs > MAX_LOGPROBS:
-        raise ValueError(f"{who}: at most {MAX_LOGPROBS} logprobs, got {chunk.logprobs}")
+    if sp.logprobs > MAX_LOGPROBS:
+        raise ValueError(f"{who}: at most {MAX_LOGPROBS} logprobs, got {sp.logprobs}")

@@ -1,8 +1,9 @@
 """EmbeddingRunner: a BERT-family encoder, its pooling and any sentence-transformers Dense
 projections; no KV memory, no sampler.
 
-Built with the same arguments as `ModelRunner`, so the worker can construct either one; the
-KV-sizing and attention-backend arguments are accepted and unused (nothing is cached).
+It takes only the arguments an encoder uses: nothing is cached (no KV sizing), nothing is
+sampled (no seed), and attention is dense (no paged backend). `worker.runners.load_runner`
+takes every worker flag and passes each runner its own.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import torch
 
 from worker.attention.dense import dense_plan, seq_positions
-from worker.batch import BatchLimits
+from worker.batch import BatchLimits, SeqChunk
 from worker.config import EncoderConfig
 from worker.layers.linear import prepare_for_device
 from worker.loader import load_weights
@@ -27,11 +28,13 @@ from worker.pooling import (
     load_dense_heads,
     pool,
 )
+from worker.sampler import Sample
 
 log = logging.getLogger(__name__)
 
 # vLLM's default for BERT-family models without a sentence-transformers pipeline.
 DEFAULT_POOLING = PoolingConfig("cls", True)
+EMBED_ONLY = "this worker only computes embeddings"
 
 
 class EmbeddingRunner:
@@ -42,17 +45,11 @@ class EmbeddingRunner:
         model_path: Path,
         *,
         block_size: int = 16,
-        num_blocks: int | None = None,
-        kv_cache_memory_bytes: int | None = None,
         dtype: str = "float32",
         device: str = "cpu",
         max_model_len: int | None = None,
-        seed: int = 0,
-        attention_backend: str = "torch",
         progress: bool = True,
-        gpu_memory_utilization: float = 0.9,
     ) -> None:
-        del gpu_memory_utilization  # no KV cache to size
         default_threads()
         self.config = cfg = EncoderConfig.from_dir(Path(model_path))
         self.pooling = PoolingConfig.from_dir(Path(model_path), DEFAULT_POOLING, allow_dense=True)
@@ -90,6 +87,10 @@ class EmbeddingRunner:
             " + normalize" if self.pooling.normalize else "",
             self.max_model_len,
         )
+
+    def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
+        """An encoder generates nothing: every chunk fails (the executor never sends one)."""
+        return [Sample(error=EMBED_ONLY) for _ in chunks]
 
     @torch.inference_mode()
     def embed(self, items: list[EmbedItem]) -> list[list[float]]:

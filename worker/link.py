@@ -12,6 +12,7 @@ import grpc
 
 from kvledger.rpc import CHANNEL_OPTIONS
 from protos import worker_pb2, worker_pb2_grpc
+from worker.convert import plan_from_wire, result_to_wire
 from worker.executor import Executor
 from worker.metrics import WorkerMetrics
 
@@ -100,7 +101,8 @@ class WorkerLinkClient:
                         # requests are live: the worker was waiting for this plan, not for work
                         self.metrics.waited(time.perf_counter() - finished_at)
                     stale_before = self.executor.counters.stale_block_hits
-                    result = self.executor.step(plan)  # a failing step errors its requests only
+                    # a failing step errors its requests only
+                    result = result_to_wire(self.executor.step(plan_from_wire(plan)))
                     self.metrics.observe(
                         result, self.executor.counters.stale_block_hits - stale_before
                     )

@@ -115,7 +115,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
         """One forward pass for the whole batch; a Sample for each chunk with sample=True, and
-        for each chunk that scores prompt tokens (`SeqChunk.prompt_logprobs`).
+        for each chunk that scores prompt tokens (`SamplingParams.prompt_logprobs`).
 
         The chunks must be valid (`batch.check_chunk`); the executor drops bad ones first.
         """
@@ -167,7 +167,7 @@ class ModelRunner:
         for lo in range(0, count, PROMPT_SCORE_ROWS):
             hi = min(lo + PROMPT_SCORE_ROWS, count)
             logits = self.model.compute_logits(hidden[first_row + lo : first_row + hi])
-            scored = score_tokens(logits, targets[lo:hi], chunk.prompt_logprobs)
+            scored = score_tokens(logits, targets[lo:hi], chunk.sampling.prompt_logprobs)
             if scored is None:
                 return Sample(error=NONFINITE_LOGITS)
             entries += scored

@@ -18,17 +18,9 @@ import torch
 from worker.batch import SeqChunk
 
 
-def has_penalties(chunk: SeqChunk) -> bool:
-    return (
-        chunk.repetition_penalty != 1.0
-        or chunk.frequency_penalty != 0.0
-        or chunk.presence_penalty != 0.0
-    )
-
-
 def apply_penalties(logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tensor:
     """logits [N, V] float32, one row per chunk -> a penalized copy (or `logits` itself)."""
-    rows = [i for i, c in enumerate(chunks) if has_penalties(c)]
+    rows = [i for i, c in enumerate(chunks) if c.sampling.has_penalties]
     if not rows:
         return logits
     picked = [chunks[i] for i in rows]
@@ -47,15 +39,17 @@ def apply_penalties(logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tenso
     seen.scatter_(1, prompt, True)
     seen = seen[:, :vocab] | in_output
 
-    def column(name: str) -> torch.Tensor:
-        values = [float(getattr(c, name)) for c in picked]
-        return torch.tensor(values, device=device).unsqueeze(1)
+    def column(values: list[float]) -> torch.Tensor:
+        return torch.tensor([float(v) for v in values], device=device).unsqueeze(1)
 
+    params = [c.sampling for c in picked]
     sub = logits[rows]
-    repetition = column("repetition_penalty")
+    repetition = column([p.repetition_penalty for p in params])
     penalized = torch.where(sub > 0, sub / repetition, sub * repetition)
     sub = torch.where(seen, penalized, sub)
-    sub = sub - column("frequency_penalty") * counts - column("presence_penalty") * in_output
+    frequency = column([p.frequency_penalty for p in params])
+    presence = column([p.presence_penalty for p in params])
+    sub = sub - frequency * counts - presence * in_output
     out = logits.clone()
     out[rows] = sub
     return out
@@ -65,13 +59,13 @@ def apply_logit_bias(logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tens
     """OpenAI's logit_bias: each listed token's logit plus its bias, after the penalties (so
     a bias of -100 bans a token, +100 all but forces it). Ids past the vocabulary are skipped
     (the frontend refuses them; a worker never indexes out of range)."""
-    rows = [i for i, c in enumerate(chunks) if c.logit_bias]
+    rows = [i for i, c in enumerate(chunks) if c.sampling.logit_bias]
     if not rows:
         return logits
     out = logits.clone()
     vocab = logits.shape[1]
     for i in rows:
-        bias = {t: b for t, b in chunks[i].logit_bias.items() if 0 <= t < vocab}  # type: ignore[union-attr]
+        bias = {t: b for t, b in (chunks[i].sampling.logit_bias or {}).items() if 0 <= t < vocab}
         if bias:
             ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
             values = torch.tensor(list(bias.values()), dtype=out.dtype, device=logits.device)

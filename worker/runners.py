@@ -1,16 +1,82 @@
-"""Pick the runner a model directory needs: an encoder embeds, a decoder generates."""
+"""What the executor asks of a model (`Runner`), and the runner a model directory needs: an
+encoder embeds (`EmbeddingRunner`), a decoder generates (`ModelRunner`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
+from worker.batch import BatchLimits, SeqChunk
 from worker.config import is_encoder
 from worker.embedding_runner import EmbeddingRunner
 from worker.model_runner import ModelRunner
+from worker.pooling import EmbedItem
+from worker.sampler import Sample
 
 
-def load_runner(model_path: Path, **kwargs: Any) -> ModelRunner | EmbeddingRunner:
-    """`kwargs` are ModelRunner's; `.kind` of the result is "generate" or "embed"."""
-    runner_cls = EmbeddingRunner if is_encoder(Path(model_path)) else ModelRunner
-    return runner_cls(Path(model_path), **kwargs)
+class Runner(Protocol):
+    """Everything the executor uses of a model; test stand-ins implement all of it too.
+
+    - `kind`: "generate" runs chunks; "embed" only embeds (the executor fails a generating
+      request on such a runner without calling `execute`).
+    - `limits`: what a chunk or an embedding input must fit (block size, pool, vocabulary,
+      context); the executor checks every request against them, so one bad request fails alone
+      instead of the whole step.
+    - `embedding_size`: the width of the vectors `embed` returns; 0 for a runner that computes
+      no embeddings (the executor fails embedding requests on it without calling `embed`).
+    """
+
+    kind: str
+    limits: BatchLimits
+    embedding_size: int
+
+    def execute(self, chunks: list[SeqChunk]) -> Sequence[Sample | None]:
+        """One forward pass over valid chunks: per chunk, a Sample when it samples (`sample`)
+        or scores prompt tokens, else None; `Sample.error` fails that request alone."""
+        ...
+
+    def embed(self, items: list[EmbedItem]) -> list[list[float]]:
+        """One pass over whole, valid inputs that keeps nothing in the KV cache: a vector each."""
+        ...
+
+
+def load_runner(
+    model_path: Path,
+    *,
+    block_size: int,
+    num_blocks: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    gpu_memory_utilization: float = 0.9,
+    dtype: str = "float32",
+    device: str = "cpu",
+    max_model_len: int | None = None,
+    seed: int = 0,
+    attention_backend: str = "torch",
+    progress: bool = True,
+) -> ModelRunner | EmbeddingRunner:
+    """The worker's flags, whichever the model: an encoder keeps no KV cache and samples
+    nothing, so the KV sizing, the seed and the attention backend do not reach it."""
+    model_path = Path(model_path)
+    if is_encoder(model_path):
+        return EmbeddingRunner(
+            model_path,
+            block_size=block_size,
+            dtype=dtype,
+            device=device,
+            max_model_len=max_model_len,
+            progress=progress,
+        )
+    return ModelRunner(
+        model_path,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        gpu_memory_utilization=gpu_memory_utilization,
+        dtype=dtype,
+        device=device,
+        max_model_len=max_model_len,
+        seed=seed,
+        attention_backend=attention_backend,
+        progress=progress,
+    )

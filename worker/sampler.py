@@ -136,7 +136,7 @@ class Sampler:
         failed = set((~finite).nonzero().flatten().tolist())
         if failed:
             logits = logits.masked_fill(~finite.unsqueeze(1), 0.0)  # keep the rest well-defined
-        want = [i for i, c in enumerate(chunks) if c.logprobs >= 0 and i not in failed]
+        want = [i for i, c in enumerate(chunks) if c.sampling.logprobs >= 0 and i not in failed]
         raw = torch.log_softmax(logits[want], dim=-1) if want else None
         logits = apply_logit_bias(apply_penalties(logits, chunks), chunks)
         tokens = self._draw(logits, chunks).tolist()
@@ -144,7 +144,9 @@ class Sampler:
         if raw is not None:
             for row, lp in zip(
                 want,
-                _logprobs(raw, [tokens[i] for i in want], [chunks[i].logprobs for i in want]),
+                _logprobs(
+                    raw, [tokens[i] for i in want], [chunks[i].sampling.logprobs for i in want]
+                ),
                 strict=True,
             ):
                 samples[row].logprobs = lp
@@ -155,22 +157,25 @@ class Sampler:
     def _draw(self, logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tensor:
         tokens = logits.argmax(dim=-1)
         rows = [
-            i for i, c in enumerate(chunks) if c.temperature >= MIN_TEMPERATURE and c.top_k != 1
+            i
+            for i, c in enumerate(chunks)
+            if c.sampling.temperature >= MIN_TEMPERATURE and c.sampling.top_k != 1
         ]
         if not rows:
             return tokens.cpu()
         device = logits.device
         picked = [chunks[i] for i in rows]
+        params = [c.sampling for c in picked]
 
         def column(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=device)
 
-        scaled = logits[rows] / column([c.temperature for c in picked], torch.float32)[:, None]
+        scaled = logits[rows] / column([p.temperature for p in params], torch.float32)[:, None]
         filtered = filter_logits(
             scaled,
-            column([c.top_k for c in picked], torch.long),
-            column([c.top_p for c in picked], torch.float32),
-            column([c.min_p for c in picked], torch.float32),
+            column([p.top_k for p in params], torch.long),
+            column([p.top_p for p in params], torch.float32),
+            column([p.min_p for p in params], torch.float32),
         )
         probs = torch.softmax(filtered, dim=-1)
         # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, one noise row per request.
@@ -180,14 +185,15 @@ class Sampler:
 
     def _noise(self, chunks: list[SeqChunk], vocab: int) -> torch.Tensor:
         noise = torch.empty(len(chunks), vocab)
-        unseeded = [i for i, c in enumerate(chunks) if c.seed is None]
+        unseeded = [i for i, c in enumerate(chunks) if c.sampling.seed is None]
         if unseeded:
             noise[unseeded] = torch.empty(len(unseeded), vocab).exponential_(
                 generator=self.generator
             )
         for i, chunk in enumerate(chunks):
-            if chunk.seed is not None:
-                noise[i].exponential_(generator=position_generator(chunk.seed, chunk.end_pos))
+            seed = chunk.sampling.seed
+            if seed is not None:
+                noise[i].exponential_(generator=position_generator(seed, chunk.end_pos))
         return noise
 
 

@@ -16,7 +16,7 @@ from kvledger.models import resolve_model
 from protos import frontend_pb2, worker_pb2
 from server.app import Settings
 from tests.e2e.helpers import with_app
-from tests.service.helpers import PositionRunner, wait_for
+from tests.service.helpers import PositionRunner, limits_of, wait_for
 from worker.executor import Executor
 from worker.link import WorkerLinkClient
 from worker.metrics import WorkerMetrics
@@ -35,9 +35,9 @@ def worker(target: str, model: str, path: str, kind: int) -> Iterator[None]:
         worker_id=f"w-{model}", model_name=model, model_path=path, kind=kind, block_size=4,
         num_blocks=64, max_model_len=256, vocab_size=30522, eos_token_ids=[102],
     )  # fmt: skip
-    link = WorkerLinkClient(
-        target, reg, Executor(PositionRunner()), WorkerMetrics(model, reg.worker_id)
-    )
+    runner = PositionRunner()
+    runner.limits = limits_of(reg)
+    link = WorkerLinkClient(target, reg, Executor(runner), WorkerMetrics(model, reg.worker_id))
     thread = threading.Thread(target=link.run_forever, daemon=True)
     thread.start()
     try:

@@ -25,7 +25,13 @@ from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
 from server import client as client_module
 from server.app import Settings
 from tests.e2e.helpers import with_app
-from tests.service.helpers import PositionRunner, ledger_idle, running_scheduler, wait_for
+from tests.service.helpers import (
+    PositionRunner,
+    ledger_idle,
+    limits_of,
+    running_scheduler,
+    wait_for,
+)
 from tests.serving import REPO, free_port
 from worker.batch import SeqChunk
 from worker.executor import Executor
@@ -54,9 +60,9 @@ def worker(target: str, model: str, path: str, runner=None) -> Iterator[None]:  
         vocab_size=1000,
         eos_token_ids=[999],
     )
-    link = WorkerLinkClient(
-        target, reg, Executor(runner or PositionRunner()), WorkerMetrics(model, reg.worker_id)
-    )
+    runner = runner or PositionRunner()
+    runner.limits = limits_of(reg)
+    link = WorkerLinkClient(target, reg, Executor(runner), WorkerMetrics(model, reg.worker_id))
     thread = threading.Thread(target=link.run_forever, daemon=True)
     thread.start()
     try:
@@ -162,7 +168,7 @@ class HangingRunner(PositionRunner):
         self.started = threading.Event()
         self.release = threading.Event()
 
-    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
+    def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
         self.started.set()
         self.release.wait(10)
         return super().execute(chunks)
@@ -279,7 +285,7 @@ def test_a_model_served_before_a_scheduler_restart_is_503_until_its_worker_is_ba
 class SteadyRunner(PositionRunner):
     """5 ms a step: a request outlives the moment the frontend sees its stop string by far."""
 
-    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
+    def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
         time.sleep(0.005)
         return super().execute(chunks)
 
@@ -339,12 +345,12 @@ class OffScaleLogprobsRunner(PositionRunner):
 
     def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
         out: list[Sample | None] = []
-        for chunk, token in zip(chunks, super().execute(chunks), strict=True):
-            if token is None or chunk.logprobs < 0:
-                out.append(None if token is None else Sample(token))
+        for chunk, sample in zip(chunks, super().execute(chunks), strict=True):
+            if sample is None or chunk.sampling.logprobs < 0:
+                out.append(sample)
                 continue
             top = TokenLogprobs(-math.inf, [500, 501, 502], [-0.5, -math.inf, math.nan])
-            out.append(Sample(token, logprobs=top))
+            out.append(Sample(sample.token_id, logprobs=top))
         return out
 
 

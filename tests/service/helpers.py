@@ -16,19 +16,37 @@ from kvledger.flags import SCHEDULER, parse
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
 from scheduler_svc.__main__ import start
 from tests.serving import free_port
-from worker.batch import SeqChunk
-from worker.executor import Executor, Runner
+from worker.batch import BatchLimits, SeqChunk
+from worker.executor import Executor
 from worker.link import WorkerLinkClient
 from worker.metrics import WorkerMetrics
+from worker.pooling import EmbedItem
+from worker.runners import Runner
 from worker.sampler import PromptLogprobs, Sample, TokenLogprobs
 
 VOCAB = 1000
 EOS = 999
 
 
+def limits_of(reg: worker_pb2.Registration) -> BatchLimits:
+    """What a model registered as `reg` accepts: a stand-in serving under it checks the same."""
+    return BatchLimits(reg.block_size, reg.num_blocks, reg.vocab_size, reg.max_model_len)
+
+
 class PositionRunner:
-    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
-        return [100 + (c.start_pos + len(c.token_ids)) % 800 if c.sample else None for c in chunks]
+    """A complete `Runner` that generates and computes no embeddings. Its `limits` are the
+    default registration's (`Worker` below); whoever registers it otherwise sets them
+    (`limits_of`)."""
+
+    kind = "generate"
+    embedding_size = 0
+    limits = BatchLimits(block_size=4, num_blocks=64, vocab_size=VOCAB, max_model_len=256)
+
+    def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
+        return [Sample(100 + c.end_pos % 800) if c.sample else None for c in chunks]
+
+    def embed(self, items: list[EmbedItem]) -> list[list[float]]:
+        raise AssertionError("embedding_size 0: the executor never asks")
 
 
 class ScoringRunner(PositionRunner):
@@ -39,12 +57,10 @@ class ScoringRunner(PositionRunner):
 
     def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
         self.num_scored += sum(c.num_prompt_scored for c in chunks)
-        return [
-            self._one(c, token) for c, token in zip(chunks, super().execute(chunks), strict=True)
-        ]
+        return [self._one(c, s) for c, s in zip(chunks, super().execute(chunks), strict=True)]
 
     @staticmethod
-    def _one(chunk: SeqChunk, token: int | None) -> Sample | None:
+    def _one(chunk: SeqChunk, sample: Sample | None) -> Sample | None:
         count, start = chunk.num_prompt_scored, chunk.start_pos + 1
         prompt = (
             PromptLogprobs(
@@ -55,9 +71,9 @@ class ScoringRunner(PositionRunner):
             if count
             else None
         )
-        if token is None and prompt is None:
+        if sample is None and prompt is None:
             return None
-        return Sample(-1 if token is None else token, prompt_logprobs=prompt)
+        return Sample(-1 if sample is None else sample.token_id, prompt_logprobs=prompt)
 
 
 class Worker:
@@ -80,9 +96,9 @@ class Worker:
             vocab_size=vocab_size,
             eos_token_ids=[EOS],
         )
-        self.client = WorkerLinkClient(
-            target, reg, Executor(runner or PositionRunner()), WorkerMetrics("m", worker_id)
-        )
+        runner = runner or PositionRunner()
+        runner.limits = limits_of(reg)
+        self.client = WorkerLinkClient(target, reg, Executor(runner), WorkerMetrics("m", worker_id))
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -175,7 +191,7 @@ class GatedRunner(PositionRunner):
         self.rid, self.at = rid, at
         self.reached, self.release = threading.Event(), threading.Event()
 
-    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
+    def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
         if any(c.request_id == self.rid and c.start_pos == self.at for c in chunks):
             self.reached.set()
             assert self.release.wait(10)

@@ -19,6 +19,7 @@ from tests.service.helpers import (
     wait_for,
 )
 from worker.batch import SeqChunk
+from worker.sampler import Sample
 
 
 class HangingRunner(PositionRunner):
@@ -27,7 +28,7 @@ class HangingRunner(PositionRunner):
     def __init__(self) -> None:
         self.reached, self.release = threading.Event(), threading.Event()
 
-    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
+    def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
         self.reached.set()
         self.release.wait(30)
         return super().execute(chunks)

@@ -7,8 +7,11 @@ from typing import Any
 
 import torch
 
+from protos import worker_pb2
 from worker.attention.base import AttentionBackend
 from worker.batch import SeqChunk
+from worker.convert import plan_from_wire, result_to_wire
+from worker.executor import Executor
 from worker.model_runner import ModelRunner
 
 SMALL = dict(
@@ -93,6 +96,11 @@ def save_hf_model(out: Path, kind: str, overrides: dict[str, Any], seed: int = 0
 
 def make_runner(path: Path, num_blocks: int = 64, block_size: int = 16, **kw: Any) -> ModelRunner:
     return ModelRunner(path, block_size=block_size, num_blocks=num_blocks, progress=False, **kw)
+
+
+def wire_step(ex: Executor, plan: worker_pb2.Plan) -> worker_pb2.StepResult:
+    """One step as the worker's link runs it: the plan off the wire, the result onto it."""
+    return result_to_wire(ex.step(plan_from_wire(plan)))
 
 
 def blocks_for(num_tokens: int, block_size: int, first: int = 0) -> list[int]:

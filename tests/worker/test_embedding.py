@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from kvledger.models import embedding_model_path
 from protos import worker_pb2
-from tests.worker.helpers import random_tokens
+from tests.worker.helpers import random_tokens, wire_step
 from worker.config import UnsupportedModelError
 from worker.embedding_runner import EmbeddingRunner
 from worker.executor import Executor
@@ -226,7 +226,7 @@ def test_executor_returns_embeddings_and_per_request_errors(
             ),
         ],
     )
-    result = ex.step(plan)
+    result = wire_step(ex, plan)
     got = {e.request_id: torch.tensor(list(e.values)) for e in result.embeddings}
     assert sorted(got) == ["a", "b"]
     assert F.cosine_similarity(got["a"], reference[2], dim=0).item() >= MIN_COSINE

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from protos import frontend_pb2, worker_pb2
-from tests.worker.helpers import make_runner, random_tokens
+from tests.worker.helpers import make_runner, random_tokens, wire_step
 from worker.executor import Executor
 
 PROMPT = random_tokens(10, 256, seed=50)
@@ -40,7 +40,7 @@ def generate(
     out: list[int] = []
     plan = worker_pb2.Plan(new_requests=[admit(PROMPT, [0, 1], sampling)])
     for step in range(STEPS):
-        (sampled,) = ex.step(plan).sampled
+        (sampled,) = wire_step(ex, plan).sampled
         out.append(sampled.token_id)
         computed = len(PROMPT) + step
         if step + 1 == preempt_after:

@@ -7,12 +7,13 @@ import torch
 
 from worker.batch import SeqChunk
 from worker.sampler import Sampler
+from worker.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0])
 
 
 def chunk(**kw) -> SeqChunk:  # noqa: ANN003
-    return SeqChunk("r", [1], 9, [0], True, **kw)
+    return SeqChunk("r", [1], 9, [0], True, SamplingParams(**kw))
 
 
 def test_logit_bias_moves_the_pick_per_request_and_leaves_logprobs_raw() -> None:

@@ -10,6 +10,7 @@ import torch
 from tests.worker.helpers import make_runner, random_tokens
 from worker.batch import BatchLimits, SeqChunk, check_chunk
 from worker.model_runner import ModelRunner
+from worker.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def test_one_token_per_sampling_chunk(llama: Path) -> None:
         [
             SeqChunk("a", [1, 2, 3], 0, [0], False),
             SeqChunk("b", [4, 5], 0, [1], True),
-            SeqChunk("c", [6], 0, [2], True, temperature=0.8, seed=1),
+            SeqChunk("c", [6], 0, [2], True, SamplingParams(temperature=0.8, seed=1)),
         ]
     )
     assert out[0] is None
@@ -54,12 +55,14 @@ def test_seeded_sampling_survives_recompute(llama: Path) -> None:
     prompt = random_tokens(21, 256, seed=5)
     first = make_runner(llama, seed=1)
     first.execute([SeqChunk("x", prompt[:10], 0, [3], False)])
-    a = first.execute([SeqChunk("r", prompt[10:], 10, [3, 4], True, temperature=1.0, seed=9)])
+    a = first.execute(
+        [SeqChunk("r", prompt[10:], 10, [3, 4], True, SamplingParams(temperature=1.0, seed=9))]
+    )
     second = make_runner(llama, seed=2)
     b = second.execute(
         [
-            SeqChunk("o", [7, 7], 0, [0], True, temperature=1.0),
-            SeqChunk("r", prompt, 0, [5, 6], True, temperature=1.0, seed=9),
+            SeqChunk("o", [7, 7], 0, [0], True, SamplingParams(temperature=1.0)),
+            SeqChunk("r", prompt, 0, [5, 6], True, SamplingParams(temperature=1.0, seed=9)),
         ]
     )
     assert a[0].token_id == b[1].token_id
@@ -77,12 +80,18 @@ LIMITS = BatchLimits(block_size=16, num_blocks=32, vocab_size=256, max_model_len
         (SeqChunk("r", [1] * 17, 0, [0], True), "cannot hold 17 tokens"),
         (SeqChunk("r", [1], 0, [99], True), "block id outside"),
         (SeqChunk("r", [1], 300, list(range(20)), True), "max_model_len"),
-        (SeqChunk("r", [1], 0, [0], True, top_p=0.0), "top_p"),
-        (SeqChunk("r", [1], 0, [0], True, temperature=-1.0), "temperature"),
-        (SeqChunk("r", [1], 0, [0], True, min_p=1.5), "min_p"),
-        (SeqChunk("r", [1], 0, [0], True, repetition_penalty=0.0), "repetition_penalty"),
-        (SeqChunk("r", [1], 0, [0], True, frequency_penalty=float("nan")), "finite"),
-        (SeqChunk("r", [1], 0, [0], True, logprobs=21), "at most 20 logprobs"),
+        (SeqChunk("r", [1], 0, [0], True, SamplingParams(top_p=0.0)), "top_p"),
+        (SeqChunk("r", [1], 0, [0], True, SamplingParams(temperature=-1.0)), "temperature"),
+        (SeqChunk("r", [1], 0, [0], True, SamplingParams(min_p=1.5)), "min_p"),
+        (
+            SeqChunk("r", [1], 0, [0], True, SamplingParams(repetition_penalty=0.0)),
+            "repetition_penalty",
+        ),
+        (
+            SeqChunk("r", [1], 0, [0], True, SamplingParams(frequency_penalty=float("nan"))),
+            "finite",
+        ),
+        (SeqChunk("r", [1], 0, [0], True, SamplingParams(logprobs=21)), "at most 20 logprobs"),
     ],
 )
 def test_bad_chunks_are_named(chunk: SeqChunk, message: str) -> None:

@@ -9,11 +9,18 @@ import pytest
 import torch
 
 from protos import frontend_pb2, worker_pb2
-from tests.worker.helpers import blocks_for, hf_logprobs, make_runner, random_tokens
+from tests.worker.helpers import (
+    blocks_for,
+    hf_logprobs,
+    make_runner,
+    random_tokens,
+    wire_step,
+)
 from worker import model_runner
 from worker.batch import BatchLimits, SeqChunk, check_chunk
 from worker.executor import Executor
 from worker.sampler import PromptLogprobs
+from worker.sampling_params import SamplingParams
 
 PROMPT = random_tokens(37, 256, seed=60)
 TOP = 3
@@ -66,8 +73,7 @@ def scoring_chunk(rid: str, start: int, end: int, table: list[int]) -> SeqChunk:
         start,
         table,
         end == len(PROMPT),
-        logprobs=TOP,
-        prompt_logprobs=TOP,
+        SamplingParams(logprobs=TOP, prompt_logprobs=TOP),
         all_token_ids=PROMPT,
         num_prompt_tokens=len(PROMPT),
     )
@@ -104,7 +110,8 @@ def test_a_prefill_in_three_chunks_scores_each_token_once(llama, reference) -> N
     sampling = frontend_pb2.SamplingParams(temperature=0, logprobs=TOP, prompt_logprobs=TOP)
     table = blocks_for(len(PROMPT) + 1, 16)
     results = [
-        ex.step(
+        wire_step(
+            ex,
             worker_pb2.Plan(
                 step_id=1,
                 new_requests=[
@@ -118,12 +125,13 @@ def test_a_prefill_in_three_chunks_scores_each_token_once(llama, reference) -> N
                         sampling=sampling,
                     )
                 ],
-            )
+            ),
         )
     ]
     for step, (computed, count) in enumerate([(13, 11), (24, 13)], start=2):
         results.append(
-            ex.step(
+            wire_step(
+                ex,
                 worker_pb2.Plan(
                     step_id=step,
                     continuing=[
@@ -131,7 +139,7 @@ def test_a_prefill_in_three_chunks_scores_each_token_once(llama, reference) -> N
                             request_id="p", num_computed_tokens=computed, num_scheduled_tokens=count
                         )
                     ],
-                )
+                ),
             )
         )
     pieces = [r.prompt_logprobs for r in results]
@@ -148,7 +156,8 @@ def test_a_prefill_in_three_chunks_scores_each_token_once(llama, reference) -> N
         [[t.logprob for t in e.top] for e in entries],
     )
     # Decoding scores no prompt token: nothing more is sent.
-    decode = ex.step(
+    decode = wire_step(
+        ex,
         worker_pb2.Plan(
             step_id=4,
             continuing=[
@@ -156,7 +165,7 @@ def test_a_prefill_in_three_chunks_scores_each_token_once(llama, reference) -> N
                     request_id="p", num_computed_tokens=len(PROMPT), num_scheduled_tokens=1
                 )
             ],
-        )
+        ),
     )
     assert len(decode.sampled) == 1 and not decode.prompt_logprobs
 
@@ -164,7 +173,8 @@ def test_a_prefill_in_three_chunks_scores_each_token_once(llama, reference) -> N
 def test_requests_that_do_not_ask_get_no_prompt_logprobs(llama) -> None:
     ex = Executor(make_runner(llama))
     sampling = frontend_pb2.SamplingParams(temperature=0, logprobs=TOP)  # sampled tokens only
-    result = ex.step(
+    result = wire_step(
+        ex,
         worker_pb2.Plan(
             step_id=1,
             new_requests=[
@@ -178,10 +188,11 @@ def test_requests_that_do_not_ask_get_no_prompt_logprobs(llama) -> None:
                     sampling=sampling,
                 )
             ],
-        )
+        ),
     )
     assert not result.prompt_logprobs and not result.sampled and not result.errors
-    result = ex.step(
+    result = wire_step(
+        ex,
         worker_pb2.Plan(
             step_id=2,
             continuing=[
@@ -189,7 +200,7 @@ def test_requests_that_do_not_ask_get_no_prompt_logprobs(llama) -> None:
                     request_id="r", num_computed_tokens=20, num_scheduled_tokens=17
                 )
             ],
-        )
+        ),
     )
     assert not result.prompt_logprobs and len(result.sampled) == 1
 
@@ -202,7 +213,7 @@ def test_too_many_prompt_logprobs_are_refused() -> None:
         0,
         [0],
         False,
-        prompt_logprobs=21,
+        SamplingParams(prompt_logprobs=21),
         all_token_ids=PROMPT,
         num_prompt_tokens=len(PROMPT),
     )

@@ -10,12 +10,13 @@ import torch
 from worker.batch import SeqChunk
 from worker.penalties import apply_penalties
 from worker.sampler import Sampler, filter_logits, position_generator
+from worker.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0])
 
 
 def chunk(pos: int = 10, **kw) -> SeqChunk:
-    return SeqChunk("r", [1], pos - 1, [0], True, **kw)
+    return SeqChunk("r", [1], pos - 1, [0], True, SamplingParams(**kw))
 
 
 def tokens(samples) -> list[int]:
@@ -138,9 +139,9 @@ def penalized(**kw) -> SeqChunk:
         len(HISTORY) - 1,
         [0],
         True,
+        SamplingParams(**kw),
         all_token_ids=HISTORY,
         num_prompt_tokens=len(PROMPT),
-        **kw,
     )
 
 
