@@ -50,6 +50,9 @@ class RequestUpdate:
     finish_message: str = ""
     num_cached_tokens: int = 0
     num_prompt_tokens: int = 0
+    # Opaque to the core: what the worker returned with this step's token or embedding
+    # (ModelResult.payloads), carried unread from the result to the delivery.
+    payload: object = None
 
 
 @dataclass(slots=True)
@@ -77,3 +80,6 @@ class ModelResult:
     stored_blocks: list[BlockHashPair] = field(default_factory=list)  # informational
     removed_block_ids: list[int] = field(default_factory=list)
     all_cleared: bool = False  # the worker (re)started: every cached hash is gone
+    # request_id -> what came with its sampled token or embedding; opaque to the core, which
+    # copies it onto that request's update (RequestUpdate.payload)
+    payloads: dict[str, object] = field(default_factory=dict)

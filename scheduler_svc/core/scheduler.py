@@ -438,7 +438,9 @@ class Scheduler:
                 else:
                     message = "the worker returned no embedding for a scheduled request"
                     self._finish(request, FinishReason.ERROR, message, "error", batched=True)
-                updates.append(self._update(request, []))
+                update = self._update(request, [])
+                update.payload = result.payloads.get(request.request_id)
+                updates.append(update)
                 continue
             token = sampled.get(request.request_id)
             if token is None:
@@ -459,6 +461,7 @@ class Scheduler:
                     "",
                     request.num_cached_tokens,
                     len(request.prompt_token_ids),
+                    result.payloads.get(request.request_id),
                 )
             )
         self.stats.generation_tokens += num_sampled
