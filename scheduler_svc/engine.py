@@ -3,9 +3,10 @@ on them (submit, place, deliver, retire, re-place after a lost worker).
 
 What it delegates, each to its own module: checking a registration (registration.py), checking
 a request before placement (admission.py), choosing a worker (routing.py, pure), translating to
-and from the wire (convert.py), one worker's ledger and plans (link.py), Prometheus
-(metrics.py). Live requests are recorded once, on the link that holds them (`WorkerLink.live`);
-the engine finds a request through its links and keeps no map of its own.
+and from the wire (convert.py), one worker's ledger and plans (link.py), reading the ledgers
+for Prometheus (readings.py, metrics.py). Live requests are recorded once, on the link that
+holds them (`WorkerLink.live`): the engine finds a request through its links and keeps no map
+of its own.
 """
 
 from __future__ import annotations
@@ -30,13 +31,8 @@ from scheduler_svc.core.stats import SchedulerSnapshot
 from scheduler_svc.errors import PlacementError
 from scheduler_svc.link import WorkerLink
 from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
-from scheduler_svc.metrics import (
-    LedgerCollector,
-    LedgerReading,
-    LinkMetrics,
-    RequestMetrics,
-    RetiredLedgers,
-)
+from scheduler_svc.metrics import LedgerCollector, LinkMetrics, RequestMetrics
+from scheduler_svc.readings import LedgerReadings
 
 __all__ = ["Engine", "EngineConfig", "PlacementError"]
 
@@ -52,13 +48,6 @@ def _refreeze_gc() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -86,40 +75,19 @@ class Engine:
         self.known_models: set[str] = set()  # every model a worker ever registered
         self.metrics = RequestMetrics(self.registry)
         self.link_metrics = LinkMetrics(self.registry)
-        self.retired = RetiredLedgers()  # counters of the ledgers of lost workers
-        self.registry.register(LedgerCollector(self.ledger_readings))
+        self.readings = LedgerReadings(lambda: self.links.values())
+        self.registry.register(LedgerCollector(self.readings))
         Gauge(
             "kvledger_max_waiting_requests",
             "Queue length per model past which requests get 429 (--max-waiting-requests)",
             registry=self.registry,
         ).set(config.max_waiting_requests)
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- workers ----
 
-    def ledger_readings(self) -> list[LedgerReading]:
-        """Every ledger's counters and gauges, read on the engine's loop so that no step is
-        half-seen (the metrics endpoint calls this from its own thread). The counters of lost
-        workers' ledgers are kept, so an exported counter never goes down."""
-
-        def take() -> list[LedgerReading]:
-            return self.retired.readings(
-                (lk.model, lk.worker_id, lk.scheduler.snapshot())
-                for lk in list(self.links.values())
-            )
-
-        loop = self._loop
-        if loop is None or not loop.is_running() or _on_loop(loop):
-            return take()
-
-        async def on_loop() -> list[LedgerReading]:
-            return take()
-
-        return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(timeout=5)
-
     def ledger_snapshots(self) -> list[tuple[str, str, SchedulerSnapshot]]:
         """(model, worker, snapshot) of every ledger, lost workers' included (gauges at 0)."""
-        return [(r.model, r.worker, r.snapshot) for r in self.ledger_readings()]
+        return self.readings.snapshots()
 
     def ledger_config(self, reg: worker_pb2.Registration) -> SchedulerConfig:
         """The ledger a registration asks for; PlacementError when it cannot be served."""
@@ -131,7 +99,7 @@ class Engine:
         """Serves the worker with its ledger, once checked again against the workers
         connected now (they may have changed while the ledger was being built)."""
         registration.check_against_peers(reg, self._registrations())
-        self._loop = asyncio.get_running_loop()
+        self.readings.loop = asyncio.get_running_loop()
         link = WorkerLink(
             reg,
             cfg,
@@ -158,8 +126,7 @@ class Engine:
             return
         del self.links[link.worker_id]
         orphans = link.close()
-        # The drained ledger's counters (its worker_lost releases among them) stay exported.
-        self.retired.retire(link.model, link.worker_id, link.scheduler.snapshot())
+        self.readings.retire(link)
         log.warning("worker %s lost with %d live requests", link.worker_id, len(orphans))
         _refreeze_gc()  # after close(): the dropped pool must not stay frozen
         for live in orphans:

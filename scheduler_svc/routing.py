@@ -44,8 +44,8 @@ class WorkerView:
 class Demand:
     """What a request asks of a worker's ledger."""
 
-    num_prompt_tokens: int  # every token it holds now (a re-placed request: prompt + outputs)
-    max_tokens: int
+    num_prompt_tokens: int
+    max_tokens: int  # as asked, also when re-placed with some already generated
 
     @property
     def whole(self) -> int:
