@@ -1,7 +1,15 @@
-"""Translation between the pure core's dataclasses and the wire messages."""
+"""Translation between the pure core's dataclasses and the wire messages: the one place where
+they meet.
+
+A step's result travels whole. What the worker sent with a sampled token (its logprob) or an
+embedding goes into the core as an opaque payload of that request (`ModelResult.payloads`),
+comes out on the update the core makes for that token (`RequestUpdate.payload`), and is read
+back here, in `delivery_from`: nothing is parked beside the ledger and paired up later.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 
 from protos import frontend_pb2, worker_pb2
@@ -12,7 +20,9 @@ from scheduler_svc.core.output import (
     SchedulerOutput,
 )
 from scheduler_svc.core.request import Request
-from scheduler_svc.live import LiveRequest
+from scheduler_svc.live import Delivery, LiveRequest
+
+log = logging.getLogger(__name__)
 
 
 def request_from_generate(
@@ -83,6 +93,9 @@ def plan_from_output(
 
 
 def model_result_from(result: worker_pb2.StepResult) -> ModelResult:
+    # A request either samples or embeds: one payload at most each.
+    payloads: dict[str, object] = {e.request_id: list(e.values) for e in result.embeddings}
+    payloads.update((s.request_id, s.logprob) for s in result.sampled if s.HasField("logprob"))
     return ModelResult(
         sampled={s.request_id: s.token_id for s in result.sampled},
         errored={e.request_id: e.message for e in result.errors},
@@ -90,10 +103,39 @@ def model_result_from(result: worker_pb2.StepResult) -> ModelResult:
         embedded=[e.request_id for e in result.embeddings],
         removed_block_ids=list(result.removed_block_ids),
         all_cleared=result.all_cleared,
+        payloads=payloads,
     )
 
 
-def response_from_update(update: RequestUpdate) -> frontend_pb2.GenerateResponse:
+def delivery_from(update: RequestUpdate, live: LiveRequest) -> Delivery:
+    """One update as its stream gets it: the logprob of each new token (when asked for), the
+    prompt logprobs that arrived since the last update, and an embedding request's vector."""
+    embedding = update.payload if live.core.is_embedding else None
+    return Delivery(
+        update,
+        token_logprobs(update, live) if live.wants_logprobs else [],
+        live.take_prompt_logprobs(),
+        embedding if isinstance(embedding, list) else None,
+    )
+
+
+def token_logprobs(update: RequestUpdate, live: LiveRequest) -> list[frontend_pb2.TokenLogprob]:
+    """The logprob the worker sent with each new token (at most one a step: the update's
+    payload). A token that came without one is a bug signal: logged, and given NaN, never a
+    made-up number."""
+    payload, out = update.payload, []
+    for token in update.new_token_ids:
+        if isinstance(payload, frontend_pb2.TokenLogprob) and payload.token_id == token:
+            out.append(payload)
+            payload = None
+        else:
+            log.warning("request %s: no logprob for token %d", live.request_id, token)
+            out.append(frontend_pb2.TokenLogprob(token_id=token, logprob=float("nan")))
+    return out
+
+
+def response_from(delivery: Delivery) -> frontend_pb2.GenerateResponse:
+    update = delivery.update
     reason = update.finish_reason.value if update.finish_reason is not None else ""
     return frontend_pb2.GenerateResponse(
         token_ids=update.new_token_ids,
@@ -101,4 +143,27 @@ def response_from_update(update: RequestUpdate) -> frontend_pb2.GenerateResponse
         num_cached_tokens=update.num_cached_tokens,
         finish_reason=reason,
         message=update.finish_message,
+        logprobs=delivery.logprobs,
+        prompt_logprobs=delivery.prompt_logprobs,
     )
+
+
+def model_infos(registrations: Iterable[worker_pb2.Registration]) -> list[frontend_pb2.ModelInfo]:
+    """One entry per model name, from its first worker's registration (a model's workers agree
+    on what a frontend reads: registration.check_consistent), with its number of workers."""
+    infos: dict[str, frontend_pb2.ModelInfo] = {}
+    for reg in registrations:
+        info = infos.get(reg.model_name)
+        if info is None:
+            info = infos[reg.model_name] = frontend_pb2.ModelInfo(
+                name=reg.model_name,
+                kind=reg.kind,
+                model_path=reg.model_path,
+                max_model_len=reg.max_model_len,
+                vocab_size=reg.vocab_size,
+                eos_token_ids=reg.eos_token_ids,
+                block_size=reg.block_size,
+                embedding_size=reg.embedding_size,
+            )
+        info.num_workers += 1
+    return sorted(infos.values(), key=lambda m: m.name)

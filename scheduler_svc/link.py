@@ -8,12 +8,13 @@ import time
 from collections.abc import Callable
 
 from protos import frontend_pb2, worker_pb2
-from scheduler_svc.convert import model_result_from, plan_from_output
+from scheduler_svc.convert import delivery_from, model_result_from, plan_from_output
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.output import RequestUpdate, SchedulerOutput
-from scheduler_svc.core.request import FinishReason
+from scheduler_svc.core.request import FinishReason, Request
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.live import Delivery, LiveRequest
+from scheduler_svc.routing import WorkerView
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ class WorkerLink:
         self.model = registration.model_name
         self.is_embedding = registration.kind == frontend_pb2.MODEL_KIND_EMBED
         self.scheduler = scheduler if scheduler is not None else Scheduler(config)
+        # The service's one record of live requests by id, per worker: a request is on exactly
+        # one link from its placement to its last update (a lost worker's requests move to
+        # another before anything else runs). The engine finds a request through the links.
         self.live: dict[str, LiveRequest] = {}
         self.alive = True
         self._on_update = on_update
@@ -70,6 +74,23 @@ class WorkerLink:
     @property
     def load(self) -> int:
         return len(self.live)
+
+    def routing_view(self, now: float) -> WorkerView:
+        """This worker as routing weighs it at `now` (a monotonic time)."""
+        return WorkerView(
+            worker_id=self.worker_id,
+            max_len=self.scheduler.max_len,
+            max_model_len=self.scheduler.config.max_model_len,
+            load=self.load,
+            plan_out_s=self.plan_outstanding_for(now),
+        )
+
+    def cached_prefix_tokens(self, core: Request) -> int:
+        """Tokens of the request this worker's cache holds now (an embedding model caches
+        nothing). Changes nothing: a probe for routing."""
+        if self.is_embedding:
+            return 0
+        return self.scheduler.cached_prefix_tokens(core.all_token_ids, core.cache_salt)
 
     def add(self, live: LiveRequest) -> None:
         self.live[live.request_id] = live
@@ -133,14 +154,6 @@ class WorkerLink:
         out = self._in_flight.pop(0) if self._in_flight else EMPTY_OUTPUT
         if self._sent_at:
             self._sent_at.pop(0)
-        for emb in result.embeddings:
-            live = self.live.get(emb.request_id)
-            if live is not None:
-                live.embedding = list(emb.values)
-        for sampled in result.sampled:
-            live = self.live.get(sampled.request_id)
-            if live is not None and sampled.HasField("logprob"):
-                live.step_logprob = sampled.logprob
         for prompt in result.prompt_logprobs:
             live = self.live.get(prompt.request_id)
             if live is not None:
@@ -163,23 +176,4 @@ class WorkerLink:
                 continue
             if update.finish_reason is not None:
                 del self.live[update.request_id]
-            self._on_update(
-                live,
-                Delivery(update, self._logprobs_for(live, update), live.take_prompt_logprobs()),
-            )
-
-    @staticmethod
-    def _logprobs_for(live: LiveRequest, update: RequestUpdate) -> list[frontend_pb2.TokenLogprob]:
-        """Pairs this step's logprob with the token the ledger accepted (at most one a step)."""
-        step, live.step_logprob = live.step_logprob, None
-        if not live.wants_logprobs:
-            return []
-        out = []
-        for token in update.new_token_ids:
-            if step is not None and step.token_id == token:
-                out.append(step)
-                step = None
-            else:  # the worker sent none for it: a bug signal, never a made-up number
-                log.warning("request %s: no logprob for token %d", live.request_id, token)
-                out.append(frontend_pb2.TokenLogprob(token_id=token, logprob=float("nan")))
-        return out
+            self._on_update(live, delivery_from(update, live))

@@ -27,12 +27,14 @@ class RequestFailure:
 
 @dataclass
 class Delivery:
-    """One update for the stream, with the logprobs of exactly its new tokens, and the prompt
-    logprobs that arrived since the last update."""
+    """One update for the stream (built by convert.delivery_from), with the logprobs of exactly
+    its new tokens, the prompt logprobs that arrived since the last update, and, for an
+    embedding request's final update, its vector."""
 
     update: RequestUpdate
     logprobs: list[frontend_pb2.TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[frontend_pb2.TokenLogprob] = field(default_factory=list)
+    embedding: list[float] | None = None
 
 
 @dataclass(eq=False)
@@ -45,11 +47,10 @@ class LiveRequest:
     arrival_time: float = field(default_factory=time.monotonic)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
-    embedding: list[float] | None = None
     done: bool = False
-    step_logprob: frontend_pb2.TokenLogprob | None = None  # of this step's sampled token
     # Prompt logprobs: how many prompt tokens (after the first) have arrived, across recomputes,
-    # and those not yet delivered.
+    # and those not yet delivered (a prompt chunk that samples nothing makes no update: its
+    # entries wait here for the request's next one).
     num_prompt_scored: int = 0
     pending_prompt_logprobs: list[frontend_pb2.TokenLogprob] = field(default_factory=list)
 

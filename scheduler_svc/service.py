@@ -14,10 +14,11 @@ import grpc
 from kvledger.log import REQUEST_ID
 from kvledger.rpc import ADMITTED
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2, worker_pb2_grpc
-from scheduler_svc.convert import response_from_update
+from scheduler_svc.convert import response_from
 from scheduler_svc.core.request import FinishReason
 from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.engine import Engine, PlacementError
+from scheduler_svc.engine import Engine
+from scheduler_svc.errors import PlacementError
 from scheduler_svc.link import LinkClosed, WorkerLink
 from scheduler_svc.live import LiveRequest, RequestFailure
 
@@ -42,10 +43,7 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
                 update = item.update
                 if update.finish_reason == FinishReason.IGNORED:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, update.finish_message)
-                response = response_from_update(update)
-                response.logprobs.extend(item.logprobs)
-                response.prompt_logprobs.extend(item.prompt_logprobs)
-                yield response
+                yield response_from(item)
                 if update.finish_reason is not None:
                     return
         finally:
@@ -78,14 +76,14 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
                 if isinstance(item, RequestFailure):
                     await context.abort(item.code, item.message)
                 update = item.update
-                if update.finish_reason != FinishReason.STOP or live.embedding is None:
+                if update.finish_reason != FinishReason.STOP or item.embedding is None:
                     code = (
                         grpc.StatusCode.INVALID_ARGUMENT
                         if update.finish_reason == FinishReason.IGNORED
                         else grpc.StatusCode.INTERNAL
                     )
                     await context.abort(code, update.finish_message or "embedding failed")
-                response.embeddings.add(values=live.embedding)
+                response.embeddings.add(values=item.embedding)
                 response.num_prompt_tokens += len(live.core.prompt_token_ids)
             return response
         finally:

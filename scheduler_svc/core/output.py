@@ -52,10 +52,16 @@ class RequestUpdate:
     finish_message: str = ""
     num_cached_tokens: int = 0
     num_prompt_tokens: int = 0
+    # Opaque to the core: what the worker returned with this step's token or embedding
+    # (ModelResult.payloads), carried unread from the result to the delivery.
+    payload: object = None
 
 
-def update_of(request: Request, new_token_ids: list[int] | None = None) -> RequestUpdate:
-    """The request's update as it stands: its finish, if it ended, and its usage."""
+def update_of(
+    request: Request, new_token_ids: list[int] | None = None, payload: object = None
+) -> RequestUpdate:
+    """The request's update as it stands: its finish, if it ended, and its usage; `payload`
+    is the worker's per-request payload of the step (ModelResult.payloads), carried unread."""
     return RequestUpdate(
         request_id=request.request_id,
         new_token_ids=new_token_ids if new_token_ids is not None else [],
@@ -63,6 +69,7 @@ def update_of(request: Request, new_token_ids: list[int] | None = None) -> Reque
         finish_message=request.finish_message,
         num_cached_tokens=request.num_cached_tokens,
         num_prompt_tokens=request.num_prompt_tokens,
+        payload=payload,
     )
 
 
@@ -101,3 +108,6 @@ class ModelResult:
     embedded: list[str] = field(default_factory=list)
     removed_block_ids: list[int] = field(default_factory=list)
     all_cleared: bool = False  # the worker (re)started: every cached hash is gone
+    # request_id -> what came with its sampled token or embedding; opaque to the core, which
+    # copies it onto that request's update (RequestUpdate.payload)
+    payloads: dict[str, object] = field(default_factory=dict)

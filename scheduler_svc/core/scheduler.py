@@ -428,7 +428,7 @@ class Scheduler:
                 else:
                     message = "the worker returned no embedding for a scheduled request"
                     self._finish(request, FinishReason.ERROR, message, "error", batched=True)
-                updates.append(update_of(request))
+                updates.append(update_of(request, [], result.payloads.get(request.request_id)))
                 continue
             token = sampled.get(request.request_id)
             if token is None:
@@ -440,7 +440,8 @@ class Scheduler:
             reason = stop_reason(request, token, max_len)
             if reason is not None:
                 self._finish(request, reason, "", "finished", batched=True)
-            updates.append(update_of(request, [token]))  # with its finish, if it ended
+            payload = result.payloads.get(request.request_id)
+            updates.append(update_of(request, [token], payload))  # with its finish, if it ended
 
     def _forget_unwritten(self, output: SchedulerOutput, request_ids: set[str]) -> None:
         """Blocks declared written by requests the worker did not run hold no such content.

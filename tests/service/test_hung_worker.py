@@ -169,8 +169,8 @@ def test_an_overdue_worker_is_avoided_even_when_only_its_pool_holds_the_whole_re
             wait_for(lambda: engine.links["hung"].plan_outstanding_for() > 2.1)
             # the prompt fits "small"; prompt + max_tokens only fits the overdue "hung"
             stream = generate(scheduler.target, "r1", list(range(200, 240)), 100, timeout=1)
-            wait_for(lambda: "r1" in engine.where)
-            assert scheduler.call(lambda: engine.where["r1"].worker_id) == "small"
+            wait_for(lambda: engine.link_of("r1") is not None)
+            assert scheduler.call(lambda: engine.link_of("r1").worker_id) == "small"
             assert len(tokens(stream)) == 128 - 40  # served at once, up to the small pool
         finally:
             runner.release.set()

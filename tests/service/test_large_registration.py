@@ -11,7 +11,7 @@ import time
 import grpc
 
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
-from scheduler_svc.engine import REGISTRATION_LIMITS
+from scheduler_svc.registration import REGISTRATION_LIMITS
 from tests.deploy.tools import REPO
 from tests.service.helpers import PositionRunner, running_scheduler, wait_for
 from tests.serving import free_port

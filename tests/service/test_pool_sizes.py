@@ -90,7 +90,7 @@ def test_after_a_lost_worker_a_request_moves_to_a_pool_that_holds_it(scheduler):
     try:
         stream = generate(scheduler.target, "r1", list(range(1, 41)), 100)
         got = list(next(stream).token_ids)
-        assert scheduler.call(lambda: scheduler.engine.where["r1"].worker_id) == "big1"
+        assert scheduler.call(lambda: scheduler.engine.link_of("r1").worker_id) == "big1"
         workers[0].stop()
         for response in stream:
             got += response.token_ids

@@ -1,0 +1,70 @@
+"""Admission: what a new request must pass before it is placed on a worker.
+
+Pure: each check takes what it weighs as plain data and raises PlacementError with the status
+the frontend maps to HTTP (404 unknown model, 503 no worker up, 429 queue full, 400 bad
+input). The engine runs them in this order, so a request with several problems always gets
+the same answer: request id in use, model (exists, up, right kind, queue), prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from protos import frontend_pb2, worker_pb2
+from scheduler_svc.errors import PlacementError
+
+
+def check_model(
+    model: str,
+    workers: Sequence[worker_pb2.Registration],
+    *,
+    known: bool,
+    embed: bool,
+    num_waiting: int,
+    max_waiting: int,
+) -> worker_pb2.Registration:
+    """The model's registration (its workers are interchangeable), when `workers` (those up
+    for it) can take one more request: `known` says a worker ever served it (UNAVAILABLE
+    rather than NOT_FOUND), `num_waiting` is its queue across workers, `embed` says the call
+    embeds (a generate call to an embedding model is refused)."""
+    if not workers:
+        if known:
+            raise PlacementError(
+                grpc.StatusCode.UNAVAILABLE, f"no worker for model {model!r} is up"
+            )
+        raise PlacementError(grpc.StatusCode.NOT_FOUND, f"model {model!r} does not exist")
+    reg = workers[0]
+    if reg.kind == frontend_pb2.MODEL_KIND_EMBED and not embed:
+        raise PlacementError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"model {model!r} is an embedding model"
+        )
+    if num_waiting >= max_waiting:
+        raise PlacementError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, f"the queue for model {model!r} is full"
+        )
+    return reg
+
+
+def check_prompt(token_ids: Sequence[int], vocab_size: int) -> None:
+    """Not empty, and every id inside the vocabulary (the first one outside is named)."""
+    if not token_ids:
+        raise PlacementError(grpc.StatusCode.INVALID_ARGUMENT, "the prompt is empty")
+    bad = next((t for t in token_ids if t >= vocab_size), None)
+    if bad is not None:
+        raise PlacementError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"token id {bad} is out of vocabulary (size {vocab_size})",
+        )
+
+
+def check_continuation(num_resumed: int, max_tokens: int) -> None:
+    """A continuation (a request re-submitted after its frontend's scheduler link broke,
+    server/resume.py) still has a token to generate: its resumed tokens are outputs, fewer
+    than max_tokens (their ids are checked with the prompt's)."""
+    if num_resumed and num_resumed >= max_tokens:
+        raise PlacementError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "a continuation must hold fewer resumed tokens than max_tokens",
+        )
