@@ -84,3 +84,22 @@ class LogOptions:
         choices=FORMATS,
     )
     log_level: str = option("info", "logging level", choices=LEVELS)
+
+
+@dataclass(frozen=True)
+class GrpcTlsOptions:
+    """TLS on the gRPC links between hosts (kvledger/tls.py): the scheduler serves with a
+    certificate, frontends and workers trust a CA; a CA on the scheduler makes it mutual."""
+
+    grpc_tls_cert: str | None = option(
+        None,
+        "PEM certificate (chain) for the gRPC links: the scheduler serves TLS with it; a "
+        "frontend or worker presents it to a scheduler that requires client certificates",
+    )
+    grpc_tls_key: str | None = option(None, "PEM private key of --grpc-tls-cert")
+    grpc_tls_ca: str | None = option(
+        None,
+        "PEM CA certificate(s): a frontend or worker trusts only scheduler certificates it "
+        "signed (and uses TLS); on the scheduler, every caller must present a certificate it "
+        "signed (mutual TLS). No TLS flag: plaintext (loopback only, or a private network)",
+    )

@@ -37,6 +37,22 @@ class TlsFiles:
         return bool(self.cert or self.key or self.ca)
 
 
+def files_of(settings: Any) -> TlsFiles:
+    """The TLS files of a service's settings (kvledger.groups.GrpcTlsOptions)."""
+    return TlsFiles(settings.grpc_tls_cert, settings.grpc_tls_key, settings.grpc_tls_ca)
+
+
+def checked(settings: Any, server: bool, service: str) -> TlsFiles:
+    """The service's TLS files, every one read once now: a bad one stops startup with one
+    line naming the flag and the file."""
+    files = files_of(settings)
+    try:
+        check(files, server)
+    except TlsConfigError as err:
+        raise SystemExit(f"{service}: {err}") from None
+    return files
+
+
 @dataclass(frozen=True)
 class _Pem:
     cert: bytes | None

@@ -18,6 +18,7 @@ from kvledger.grpc_auth import BearerServerInterceptor
 from kvledger.log import setup_logging
 from kvledger.metrics_http import start_metrics_server
 from kvledger.rpc import SERVER_OPTIONS
+from kvledger.tls import add_port, checked, plaintext_warning
 from protos import frontend_pb2_grpc, worker_pb2_grpc
 from scheduler_svc.config import SchedulerSettings
 from scheduler_svc.engine import Engine
@@ -55,11 +56,21 @@ async def start(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{settings.grpc_host}:{settings.grpc_port}"
-    if server.add_insecure_port(address) == 0:
+    tls = checked(settings, server=True, service="scheduler")
+    if add_port(server, address, tls) == 0:
         raise SystemExit(f"cannot bind the scheduler's gRPC port at {address}")
+    if (
+        warning := plaintext_warning(settings.grpc_host, tls, settings.worker_auth_token)
+    ) is not None:
+        log.warning("INSECURE: %s", warning)
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    log.info("scheduler listening on %s (gRPC), metrics on :%d", address, settings.metrics_port)
+    log.info(
+        "scheduler listening on %s (gRPC%s), metrics on :%d",
+        address,
+        ", TLS" + (", clients need a certificate" if tls.ca else "") if tls.enabled else "",
+        settings.metrics_port,
+    )
     return server, engine, health_servicer
 
 

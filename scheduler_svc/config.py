@@ -13,6 +13,7 @@ from kvledger.groups import (
     LOOPBACK,
     SCHEDULER_GRPC_PORT,
     FrontendToken,
+    GrpcTlsOptions,
     LogOptions,
     MetricsOptions,
     ShutdownOptions,
@@ -62,7 +63,9 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
-class SchedulerSettings(FrontendToken, MetricsOptions, WorkerToken, ShutdownOptions, LogOptions):
+class SchedulerSettings(
+    FrontendToken, GrpcTlsOptions, MetricsOptions, WorkerToken, ShutdownOptions, LogOptions
+):
     """`python -m scheduler_svc`'s flags."""
 
     DEFAULT_METRICS_PORT = 9400

@@ -12,6 +12,7 @@ import uvicorn
 from kvledger.flags import FRONTEND, config_for, parse
 from kvledger.log import setup_logging
 from kvledger.metrics_http import start_metrics_server
+from kvledger.tls import checked
 from server.app import build_app
 from server.chat_template import ChatTemplateError, check_chat_template
 from server.connections import with_deadlines
@@ -44,6 +45,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     settings = config_for(FRONTEND, args)
     checked_timeouts(settings)
     checked_chat_template(settings.chat_template)
+    checked(settings, server=False, service="frontend")
     try:
         settings.api_keys  # noqa: B018 - read the keys file now, not at the first request
     except OSError as err:

@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import kvledger
 from kvledger.log import REQUEST_ID
+from kvledger.tls import files_of
 from server.client import SchedulerClient
 from server.deps import bearer, tenant
 from server.errors import error_responses, install_error_handlers
@@ -71,6 +72,7 @@ def build_app(settings: Settings) -> FastAPI:
             settings.frontend_auth_token,
             settings.scheduler_reconnect_timeout,
             resumptions,
+            files_of(settings),
         )
         yield
         await app.state.scheduler.close()

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 
 from kvledger.grpc_auth import bearer_interceptors
 from kvledger.rpc import CHANNEL_OPTIONS
+from kvledger.tls import TlsFiles, aio_channel
 from protos import frontend_pb2, frontend_pb2_grpc
 from server.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from server.errors import APIError
@@ -61,6 +62,7 @@ class SchedulerClient:
         auth_token: str = "",
         reconnect_timeout: float = 0.0,
         resumptions: Counter | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.required_models = required_models
         # seconds a live request waits for a broken scheduler link to come back before it
@@ -70,9 +72,7 @@ class SchedulerClient:
         self.chat_template_override = chat_template
         self._templates: dict[str, ChatTemplate | None] = {}
         interceptors = bearer_interceptors(auth_token) if auth_token else None
-        self.channel = grpc.aio.insecure_channel(
-            target, options=CHANNEL_OPTIONS, interceptors=interceptors
-        )
+        self.channel = aio_channel(target, tls or TlsFiles(), CHANNEL_OPTIONS, interceptors)
         self.stub = frontend_pb2_grpc.SchedulerStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self._models: dict[str, ServedModel] = {}

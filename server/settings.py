@@ -10,6 +10,7 @@ from pathlib import Path
 from kvledger.groups import (
     LOOPBACK,
     FrontendToken,
+    GrpcTlsOptions,
     LogOptions,
     MetricsOptions,
     SchedulerAddress,
@@ -50,7 +51,9 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Settings(FrontendToken, SchedulerAddress, MetricsOptions, ShutdownOptions, LogOptions):
+class Settings(
+    FrontendToken, SchedulerAddress, GrpcTlsOptions, MetricsOptions, ShutdownOptions, LogOptions
+):
     """`python -m server`'s flags. The frontend's /metrics is on its HTTP port; --metrics-port
     adds a keyless endpoint (DEFAULT_METRICS_PORT None: none unless asked)."""
 

@@ -60,13 +60,18 @@ class CA:
         )
         self.pem = _write(directory / name, self.cert, self.key).cert
 
-    def issue(self, name: str, server: bool) -> Pair:
+    def issue(self, name: str, server: bool, client: bool | None = None) -> Pair:
+        """A leaf certificate for a server (valid for localhost and 127.0.0.1) or a client;
+        `client=True` with `server=True` makes one that serves both roles (serve's children
+        share one)."""
         key = _key()
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        client = not server if client is None else client
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
+        usages += [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
         builder = (
             _builder(name, self.name, key.public_key())
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         )
         if server:
             names = [x509.DNSName("localhost"), x509.IPAddress(ip_address("127.0.0.1"))]

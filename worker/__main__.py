@@ -15,6 +15,7 @@ from kvledger.log import setup_logging
 from kvledger.metrics_http import start_metrics_server
 from kvledger.models import resolve_model
 from kvledger.shutdown import Stopper
+from kvledger.tls import checked
 from protos import frontend_pb2, worker_pb2
 from worker.executor import Executor
 from worker.link import WorkerLinkClient
@@ -31,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         WORKER, parse(WORKER, argv, "kvledger worker: model, paged KV memory, attention")
     )
     setup_logging("worker", settings.log_level, settings.log_format)
+    tls = checked(settings, server=False, service="worker")
     stopper = Stopper("worker", settings.shutdown_timeout).install()
     model_path = resolve_model(settings.model)
     name = settings.served_model_name or settings.model
@@ -82,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         runner.block_size,
         settings.metrics_port,
     )
-    client = WorkerLinkClient(settings.scheduler, registration, Executor(runner), metrics)
+    client = WorkerLinkClient(settings.scheduler, registration, Executor(runner), metrics, tls)
     stopper.on_stop(client.stop)
     client.run_forever()
     log.info("worker %s stopped", worker_id)

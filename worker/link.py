@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import grpc
 
 from kvledger.rpc import CHANNEL_OPTIONS
+from kvledger.tls import TlsFiles, channel
 from protos import worker_pb2, worker_pb2_grpc
 from worker.convert import plan_from_wire, result_to_wire
 from worker.executor import Executor
@@ -33,8 +34,10 @@ class WorkerLinkClient:
         registration: worker_pb2.Registration,
         executor: Executor,
         metrics: WorkerMetrics,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.target = target
+        self.tls = tls or TlsFiles()
         self.registration = registration
         self.executor = executor
         self.metrics = metrics
@@ -88,8 +91,8 @@ class WorkerLinkClient:
             while (message := outbox.get()) is not None:
                 yield message
 
-        with grpc.insecure_channel(self.target, options=CHANNEL_OPTIONS) as channel:
-            stub = worker_pb2_grpc.WorkerLinkStub(channel)
+        with channel(self.target, self.tls, CHANNEL_OPTIONS) as grpc_channel:
+            stub = worker_pb2_grpc.WorkerLinkStub(grpc_channel)
             log.info("connecting to scheduler at %s", self.target)
             self._call = stub.Connect(outgoing(), wait_for_ready=True)
             if self.stopping.is_set():

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvledger.groups import (
+    GrpcTlsOptions,
     LogOptions,
     MetricsOptions,
     SchedulerAddress,
@@ -28,7 +29,9 @@ CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True)
-class WorkerSettings(SchedulerAddress, MetricsOptions, WorkerToken, ShutdownOptions, LogOptions):
+class WorkerSettings(
+    SchedulerAddress, GrpcTlsOptions, MetricsOptions, WorkerToken, ShutdownOptions, LogOptions
+):
     """`python -m worker`'s flags."""
 
     DEFAULT_METRICS_PORT = 9401  # + i for the i-th worker `kvledger serve` starts

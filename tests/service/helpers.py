@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import grpc
 
 from kvledger.flags import SCHEDULER, parse
+from kvledger.tls import TlsFiles
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
 from scheduler_svc.__main__ import start
 from tests.serving import free_port
@@ -84,6 +85,7 @@ class Worker:
         num_blocks: int = 64,
         vocab_size: int = VOCAB,
         runner: Runner | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         reg = worker_pb2.Registration(
             worker_id=worker_id,
@@ -98,7 +100,8 @@ class Worker:
         )
         runner = runner or PositionRunner()
         runner.limits = limits_of(reg)
-        self.client = WorkerLinkClient(target, reg, Executor(runner), WorkerMetrics("m", worker_id))
+        metrics = WorkerMetrics("m", worker_id)
+        self.client = WorkerLinkClient(target, reg, Executor(runner), metrics, tls)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
