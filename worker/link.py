@@ -27,6 +27,10 @@ REFUSALS = (
 )
 
 
+# A worker that cannot connect says so this often (a wrong CA is otherwise silent).
+NOT_READY_WARN_SECONDS = 10.0
+
+
 class WorkerLinkClient:
     def __init__(
         self,
@@ -79,6 +83,31 @@ class WorkerLinkClient:
             self.stopping.wait(backoff)
             backoff = min(backoff * 2, 5.0)
 
+    def _wait_ready(self, grpc_channel: grpc.Channel) -> bool:
+        """Waits for the channel to connect, saying every NOT_READY_WARN_SECONDS why it may
+        not (gRPC retries a refused connection or a failed TLS handshake quietly, forever);
+        False when the worker stops meanwhile."""
+        ready = grpc.channel_ready_future(grpc_channel)
+        started = warned = time.monotonic()
+        while not self.stopping.is_set():
+            try:
+                ready.result(timeout=0.25)  # short: stop() must not wait on it
+                return True
+            except grpc.FutureTimeoutError:
+                if time.monotonic() - warned < NOT_READY_WARN_SECONDS:
+                    continue
+                warned = time.monotonic()
+                log.warning(
+                    "scheduler at %s not reachable after %.0f s: is it up, and%s",
+                    self.target,
+                    warned - started,
+                    " do --grpc-tls-ca and the scheduler's certificate match (its name too)?"
+                    if self.tls.enabled
+                    else " does it serve plaintext (no --grpc-tls-cert)?",
+                )
+        ready.cancel()
+        return False
+
     def _serve_once(self) -> None:
         outbox: queue.SimpleQueue[worker_pb2.WorkerMessage | None] = queue.SimpleQueue()
         self.executor.reset()
@@ -94,6 +123,8 @@ class WorkerLinkClient:
         with channel(self.target, self.tls, CHANNEL_OPTIONS) as grpc_channel:
             stub = worker_pb2_grpc.WorkerLinkStub(grpc_channel)
             log.info("connecting to scheduler at %s", self.target)
+            if not self._wait_ready(grpc_channel):
+                return  # stopping
             self._call = stub.Connect(outgoing(), wait_for_ready=True)
             if self.stopping.is_set():
                 self._call.cancel()

@@ -15,6 +15,7 @@ from protos import frontend_pb2, frontend_pb2_grpc
 from server.client import SchedulerClient
 from tests.certs import CA
 from tests.service.helpers import Worker, expected_tokens, running_scheduler, wait_for
+from worker import link
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +79,15 @@ def test_a_tls_scheduler_serves_workers_and_frontends_that_trust_its_ca(pki):
             worker.stop()
 
 
-def test_a_worker_trusting_another_ca_or_none_is_never_served(pki):
+def test_a_worker_trusting_another_ca_or_none_is_never_served_and_says_why(
+    pki, monkeypatch, caplog
+):
+    monkeypatch.setattr(link, "NOT_READY_WARN_SECONDS", 0.5)
     with running_scheduler(*tls_flags(pki, mutual=False)) as scheduler:
         assert never_registers(scheduler, TlsFiles(ca=pki["other"]))
+        assert "do --grpc-tls-ca and the scheduler's certificate match" in caplog.text
         assert never_registers(scheduler, TlsFiles())  # plaintext to a TLS port
+        assert "does it serve plaintext" in caplog.text
 
 
 def test_mutual_tls_refuses_workers_without_a_certificate_of_its_ca(pki):
