@@ -16,7 +16,10 @@ import yaml
 from tests.deploy.tools import REPO, run
 
 K8S = REPO / "deploy" / "k8s"
-OVERLAYS = ("cpu", "gpu")
+OVERLAYS = ("cpu", "gpu", "cpu-tls")
+# Overlays with the component grpc-tls: mutual TLS on every gRPC link (test_k8s_tls.py).
+TLS_OVERLAYS = ("cpu-tls",)
+GRPC_TLS = K8S / "components" / "grpc-tls"
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
 PROMETHEUS_RULE = K8S / "components" / "prometheus-operator" / "prometheusrule.yaml"
 # Kinds of the Prometheus Operator: custom resources, which kubernetes-validate has no schema of.

@@ -19,6 +19,7 @@ from tests.deploy.k8s import (
     OVERLAYS,
     PROMETHEUS_RULE,
     SECRET,
+    TLS_OVERLAYS,
     alert_groups,
     objects,
     prometheus_rule,
@@ -57,12 +58,15 @@ COMPOSE_TWIN = {
         FRONTEND_DEPLOYMENT: "frontend",
     },
 }
+COMPOSE_TWIN["cpu-tls"] = COMPOSE_TWIN["cpu"]
 # Where Kubernetes differs from compose on purpose: JSON logs for the cluster's log stack and a
 # required API key (added); the scheduler's address is its Service, a worker's id its pod's
 # name, and every worker pod has its own IP, so the CUDA worker keeps the workers' metrics port
 # (compose gives it 9403 beside the others on one host).
 K8S_ONLY_ENV = {"KVLEDGER_LOG_FORMAT", "KVLEDGER_API_KEY"}
 DIFFERENT_VALUE = {"KVLEDGER_SCHEDULER", "KVLEDGER_WORKER_ID", "KVLEDGER_METRICS_PORT"}
+# The component grpc-tls adds these (compose stays plaintext); only in its overlays.
+TLS_ENV = {"KVLEDGER_GRPC_TLS_CERT", "KVLEDGER_GRPC_TLS_KEY", "KVLEDGER_GRPC_TLS_CA"}
 # The frontend's keys must be set: a cluster Service is reachable by every pod of the cluster.
 REQUIRED_SECRETS = {
     SCHEDULER: {"KVLEDGER_WORKER_AUTH_TOKEN", "KVLEDGER_FRONTEND_AUTH_TOKEN"},
@@ -241,8 +245,9 @@ def test_same_shape_as_docker_compose(overlay):
         dep = deployments(overlay)[name]
         ours = {k for k in env_entries(dep) if k.startswith("KVLEDGER_")}
         theirs = compose_env(twin)
+        k8s_only = K8S_ONLY_ENV | (TLS_ENV if overlay in TLS_OVERLAYS else set())
         assert compose_services()[twin]["command"] == container(dep)["command"], name
-        assert ours - K8S_ONLY_ENV == set(theirs), f"{name} vs compose {twin}"
+        assert ours - k8s_only == set(theirs), f"{name} vs compose {twin}"
         values = env_values(dep)
         for key, value in theirs.items():
             if value is None:  # required in compose: a secret
@@ -261,7 +266,12 @@ def test_addresses_ports_probes_and_services_agree(overlay):
     assert named_port(sched, "grpc") == grpc_port
     c = container(sched)
     for probe in ("readinessProbe", "livenessProbe"):
-        assert c[probe]["grpc"]["port"] == grpc_port, f"scheduler {probe}: grpc.health.v1"
+        if overlay in TLS_OVERLAYS:  # the kubelet's grpc probe cannot do (mutual) TLS
+            assert "grpc" not in c[probe], f"scheduler {probe}: plaintext, refused by mTLS"
+            tcp = c[probe]["tcpSocket"]["port"]
+            assert named_port(sched, tcp) == grpc_port, f"scheduler {probe}: the gRPC port"
+        else:
+            assert c[probe]["grpc"]["port"] == grpc_port, f"scheduler {probe}: grpc.health.v1"
     [sched_svc] = services_of(overlay, sched)
     assert service_target(sched, sched_svc, "grpc") == grpc_port
     [grpc_svc_port] = [p["port"] for p in sched_svc["spec"]["ports"] if p["name"] == "grpc"]
@@ -408,8 +418,9 @@ def test_gpu_overlay_runs_generative_workers_on_the_cuda_image_with_a_gpu():
             assert "kvledger-cpu" in container(dep)["image"], name
 
 
-def test_cpu_overlay_asks_for_no_gpu():
-    for name, dep in deployments("cpu").items():
+@pytest.mark.parametrize("overlay", ["cpu", "cpu-tls"])
+def test_cpu_overlay_asks_for_no_gpu(overlay):
+    for name, dep in deployments(overlay).items():
         assert _gpus(dep) == {"requests": None, "limits": None}, name
         assert "kvledger-cpu" in container(dep)["image"], name
         assert env_values(dep).get("KVLEDGER_DEVICE", "cpu") == "cpu", name
