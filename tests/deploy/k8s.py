@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kvledger.flags import FRONTEND, SCHEDULER, WORKER
 from tests.deploy.tools import REPO, run
 
 K8S = REPO / "deploy" / "k8s"
@@ -25,6 +26,11 @@ PROMETHEUS_RULE = K8S / "components" / "prometheus-operator" / "prometheusrule.y
 # Kinds of the Prometheus Operator: custom resources, which kubernetes-validate has no schema of.
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 SECRET = "kvledger-secrets"  # the operator creates it (docs/operations.md); never committed
+# The oldest Kubernetes minor still common in managed clusters, the one of the kubectl the tests
+# render with, and the newest that kubernetes-validate knows.
+KUBERNETES_VERSIONS = ("1.29.0", "1.32.0", "1.37.0")
+MODULE_SERVICE = {"server": FRONTEND, "scheduler_svc": SCHEDULER, "worker": WORKER}
+SCHEDULER_DEPLOYMENT = "kvledger-scheduler"
 
 
 def kubectl() -> str:
@@ -90,3 +96,37 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---- helpers over a rendered Deployment (test_k8s.py, test_k8s_tls.py)
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    [only] = deployment["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def service_of(deployment: dict[str, Any]) -> str:
+    command = container(deployment)["command"]
+    assert command[:2] == ["python", "-m"] and command[2] in MODULE_SERVICE, command
+    return MODULE_SERVICE[command[2]]
+
+
+def env_entries(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    entries = container(deployment).get("env", [])
+    names = [e["name"] for e in entries]
+    assert len(names) == len(set(names)), f"{deployment['metadata']['name']}: duplicate env"
+    return {e["name"]: e for e in entries}
+
+
+def env_values(deployment: dict[str, Any]) -> dict[str, str]:
+    """The literal values (secrets and field references left out)."""
+    return {n: e["value"] for n, e in env_entries(deployment).items() if "value" in e}
+
+
+def named_port(deployment: dict[str, Any], port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    ports = {p["name"]: p["containerPort"] for p in container(deployment).get("ports", [])}
+    assert port in ports, f"{deployment['metadata']['name']}: no container port {port!r}"
+    return ports[port]

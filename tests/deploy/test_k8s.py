@@ -16,26 +16,28 @@ import yaml
 from kvledger.flags import DEFAULT_METRICS_PORT, FRONTEND, SCHEDULER, WORKER, flags_for
 from tests.deploy.k8s import (
     CRD_KINDS,
+    KUBERNETES_VERSIONS,
     OVERLAYS,
     PROMETHEUS_RULE,
+    SCHEDULER_DEPLOYMENT,
     SECRET,
     TLS_OVERLAYS,
     alert_groups,
+    container,
+    env_entries,
+    env_values,
+    named_port,
     objects,
     prometheus_rule,
     prometheus_rule_text,
     render,
+    service_of,
 )
 from tests.deploy.tools import REPO
 
-# The oldest Kubernetes minor still common in managed clusters, the one of the kubectl the tests
-# render with, and the newest that kubernetes-validate knows.
-KUBERNETES_VERSIONS = ("1.29.0", "1.32.0", "1.37.0")
-MODULE_SERVICE = {"server": FRONTEND, "scheduler_svc": SCHEDULER, "worker": WORKER}
 NON_FLAG_ENV = {"KVLEDGER_CACHE_DIR"}  # the model cache directory (kvledger/models.py)
 IMAGE_UID = 1000  # the user `kvledger` of both Dockerfiles
 
-SCHEDULER_DEPLOYMENT = "kvledger-scheduler"
 FRONTEND_DEPLOYMENT = "kvledger-frontend"
 DEPLOYMENTS = {
     SCHEDULER_DEPLOYMENT,
@@ -81,37 +83,6 @@ COMPOSE_VAR = re.compile(r"\$\{(\w+)(?::?([-?])([^}]*))?\}")
 
 def deployments(overlay: str) -> dict[str, dict[str, Any]]:
     return objects(overlay, "Deployment")
-
-
-def container(deployment: dict[str, Any]) -> dict[str, Any]:
-    [only] = deployment["spec"]["template"]["spec"]["containers"]
-    return only
-
-
-def service_of(deployment: dict[str, Any]) -> str:
-    command = container(deployment)["command"]
-    assert command[:2] == ["python", "-m"] and command[2] in MODULE_SERVICE, command
-    return MODULE_SERVICE[command[2]]
-
-
-def env_entries(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    entries = container(deployment).get("env", [])
-    names = [e["name"] for e in entries]
-    assert len(names) == len(set(names)), f"{deployment['metadata']['name']}: duplicate env"
-    return {e["name"]: e for e in entries}
-
-
-def env_values(deployment: dict[str, Any]) -> dict[str, str]:
-    """The literal values (secrets and field references left out)."""
-    return {n: e["value"] for n, e in env_entries(deployment).items() if "value" in e}
-
-
-def named_port(deployment: dict[str, Any], port: int | str) -> int:
-    if isinstance(port, int):
-        return port
-    ports = {p["name"]: p["containerPort"] for p in container(deployment).get("ports", [])}
-    assert port in ports, f"{deployment['metadata']['name']}: no container port {port!r}"
-    return ports[port]
 
 
 def metrics_port(deployment: dict[str, Any]) -> int:

@@ -17,14 +17,19 @@ import pytest
 import yaml
 
 from kvledger.flags import FRONTEND, SCHEDULER, WORKER, flags_for
-from tests.deploy.k8s import GRPC_TLS, K8S, OVERLAYS, TLS_OVERLAYS, kubectl, render
-from tests.deploy.test_k8s import (
+from tests.deploy.k8s import (
+    GRPC_TLS,
+    K8S,
     KUBERNETES_VERSIONS,
+    OVERLAYS,
     SCHEDULER_DEPLOYMENT,
+    TLS_OVERLAYS,
     container,
     env_entries,
     env_values,
+    kubectl,
     named_port,
+    render,
     service_of,
 )
 from tests.deploy.tools import REPO, run
