@@ -300,6 +300,7 @@ def test_the_per_process_flags_of_serve_are_these():
             "--gpu-memory-utilization",
             "--max-model-len",
             "--attention-backend",
+            "--tensor-parallel-size",
         },
         FRONTEND: {"--metrics-port"},
     }
