@@ -18,7 +18,7 @@ from kvledger.models import resolve_model
 from kvledger.shutdown import Stopper
 from kvledger.tls import checked
 from protos import frontend_pb2, worker_pb2
-from worker.distributed import GroupLost
+from worker.distributed import GroupLost, rank_device
 from worker.executor import Executor
 from worker.link import WorkerLinkClient
 from worker.metrics import WorkerMetrics
@@ -102,7 +102,10 @@ def runner_kwargs(settings: WorkerSettings) -> dict[str, Any]:
         kv_cache_memory_bytes=kv_bytes,
         gpu_memory_utilization=settings.gpu_memory_utilization,
         dtype=settings.dtype,
-        device=settings.device,
+        # a group's rank 0 takes the first of its GPUs; a single worker --device as given
+        device=rank_device(settings.device, 0)
+        if settings.tensor_parallel_size > 1
+        else settings.device,
         max_model_len=settings.max_model_len,
         seed=settings.seed,
         attention_backend=settings.attention_backend,

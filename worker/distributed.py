@@ -157,6 +157,15 @@ class TPGroup:
         return box[0]
 
 
+def rank_device(device: str, rank: int) -> str:
+    """Each rank of a CUDA group takes its own GPU: `--device cuda:i` gives rank r GPU i + r.
+    A CPU group shares the CPU (each rank a share of its cores)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return device
+    return f"cuda:{(dev.index or 0) + rank}"
+
+
 def join_group(rank: int, size: int, port: int, device: str) -> TPGroup:
     """Joins the group whose store rank 0 serves on 127.0.0.1:`port` (a loopback TCPStore: the
     group never leaves the machine). Every collective times out after COLLECTIVE_TIMEOUT."""
@@ -180,6 +189,8 @@ def init_group(store: dist.Store, rank: int, size: int, device: str) -> TPGroup:
 
 def _init(store: dist.Store, rank: int, size: int, device: str) -> TPGroup:
     backend = "nccl" if device.startswith("cuda") else "gloo"
+    if backend == "nccl":  # never run: no GPU where this was built
+        torch.cuda.set_device(torch.device(device))
     dist.init_process_group(
         backend, store=store, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT
     )

@@ -37,6 +37,7 @@ from worker.distributed import (
     check_tensor_parallel,
     init_group,
     join_group,
+    rank_device,
     start_group,
 )
 from worker.executor import Executor
@@ -82,7 +83,7 @@ class RankGroup:
         procs = spawn_ranks(settings, model_path, runner_kwargs, port)
         group = cls(TPGroup(), procs, store)
         watch_ranks(procs, group.stopping)  # a rank that fails to load ends the wait at once
-        group.tp = init_group(store, 0, size, settings.device)
+        group.tp = init_group(store, 0, size, rank_device(settings.device, 0))
         log.info("tensor-parallel group of %d ranks formed", size)
         return group
 
@@ -189,8 +190,9 @@ def rank_main(
     from worker.tp_group import follow
 
     try:
-        tp = join_group(rank, settings.tensor_parallel_size, port, settings.device)
-        runner = ModelRunner(model_path, tp=tp, **runner_kwargs)
+        device = rank_device(settings.device, rank)
+        tp = join_group(rank, settings.tensor_parallel_size, port, device)
+        runner = ModelRunner(model_path, tp=tp, **{**runner_kwargs, "device": device})
         log.info("rank %d of %d ready", rank, tp.size)
         follow(Executor(runner), tp)
     except GroupLost as err:
