@@ -14,6 +14,7 @@ spawns ranks 1..N-1, and the group lives and dies as one.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import logging
@@ -82,6 +83,10 @@ class RankGroup:
         store, port = start_group(size)
         procs = spawn_ranks(settings, model_path, runner_kwargs, port)
         group = cls(TPGroup(), procs, store)
+        # An exit of rank 0 (a stop while loading: SystemExit) terminates the daemon ranks
+        # at exit; registered after multiprocessing's handler, this runs first, so the
+        # watcher does not report those ranks as lost.
+        atexit.register(group.stopping.set)
         watch_ranks(procs, group.stopping)  # a rank that fails to load ends the wait at once
         group.tp = init_group(store, 0, size, rank_device(settings.device, 0))
         log.info("tensor-parallel group of %d ranks formed", size)

@@ -45,10 +45,10 @@ def run_group(
     got: dict[tuple[int, str], Any] = {}
     try:
         for _ in range(len(reporting) * len(jobs)):
-            rank, name, outputs, num_blocks = results.get(timeout=RESULT_TIMEOUT)
+            rank, name, outputs, sizes = results.get(timeout=RESULT_TIMEOUT)
             assert name != "error", outputs
             got[(rank, name)] = outputs
-            got[(rank, name, "blocks")] = num_blocks
+            got[(rank, name, "blocks")], got[(rank, name, "params")] = sizes
     finally:
         for proc in procs:
             proc.join(10)
@@ -93,9 +93,12 @@ def test_two_ranks_generate_what_one_rank_and_transformers_generate(models) -> N
     for name, path in models.items():
         steps = got[(0, name)]
         tokens = [tok for step in steps for rid, tok, err in step["sampled"] if err is None]
-        single = greedy(
-            make_runner(path, block_size=BLOCK_SIZE, num_blocks=16), prompts[name], STEPS
-        )
+        runner = make_runner(path, block_size=BLOCK_SIZE, num_blocks=16)
+        single = greedy(runner, prompts[name], STEPS)
+        whole = sum(p.numel() for p in runner.model.parameters())
+        # each rank holds its shard: about half, plus the replicated norms (and biases, and
+        # a KV head replicated rather than split)
+        assert all(got[(r, name, "params")] < 0.6 * whole for r in (0, 1)), name
         assert tokens == single, name
         assert tokens == hf_greedy(hf_model(path), prompts[name], STEPS), name
         assert got[(1, name)] == steps, f"{name}: the ranks disagree"
@@ -113,6 +116,16 @@ def test_a_dead_rank_breaks_the_group_at_once_not_at_the_timeout(models) -> None
     verdict = got[(0, "die")]
     assert isinstance(verdict, str) and verdict.startswith("lost after"), verdict
     assert float(verdict.split()[-1].rstrip("s")) < 30  # the collective timeout is 120 s
+
+
+def test_an_idle_group_outlives_the_collective_timeout(models) -> None:
+    """Rank 1 waits for the next plan in a collective: rank 0's heartbeat keeps that wait
+    under the timeout (2 s here) however long the group idles (5 s)."""
+    plans = greedy_plans(_prompt(256, seed=4), 3)
+    got = run_group([Job("idle", models["llama"], plans, idle_seconds=5.0)])
+    assert isinstance(got[(0, "idle")], list), got[(0, "idle")]
+    assert [len(s["sampled"]) for s in got[(0, "idle")]] == [1, 1, 1]
+    assert got[(1, "idle")] == got[(0, "idle")]
 
 
 def test_heads_split_as_megatron_and_vllm_do() -> None:

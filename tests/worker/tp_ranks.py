@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 import traceback
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from worker import distributed, tp_group
 from worker.distributed import GroupLost, join_group
 from worker.executor import Executor
 from worker.model_runner import ModelRunner
@@ -31,6 +34,7 @@ class Job:
     path: Path
     plans: list[Plan]
     follower_dies_after: int | None = None  # steps; then ranks > 0 exit abruptly
+    idle_seconds: float = 0.0  # rank 0 waits this long after the first plan (heartbeat test)
 
 
 def greedy_plans(prompt: list[int], steps: int) -> list[Plan]:
@@ -81,12 +85,15 @@ class Recording(Executor):
         return out
 
 
-def lead(ex: GroupExecutor, plans: list[Plan]) -> list[dict[str, Any]] | str:
+def lead(ex: GroupExecutor, job: Job) -> list[dict[str, Any]] | str:
     """Rank 0's side; a broken group is reported with how long it took to notice."""
     outputs = []
     started = time.monotonic()
     try:
-        for plan in plans:
+        for i, plan in enumerate(job.plans):
+            if i == 1 and job.idle_seconds:
+                threading.Thread(target=ex.heartbeat, daemon=True).start()
+                time.sleep(job.idle_seconds)
             outputs.append(summary(ex.step(plan)))
         ex.send(Message("stop"))
     except GroupLost:
@@ -98,17 +105,21 @@ def run_rank(
     rank: int, size: int, port: int, jobs: list[Job], results: multiprocessing.Queue
 ) -> None:
     try:
+        if any(job.idle_seconds for job in jobs):  # timeouts short enough for a test
+            distributed.COLLECTIVE_TIMEOUT = timedelta(seconds=2)
+            tp_group.HEARTBEAT_SECONDS = 0.5
         tp = join_group(rank, size, port, "cpu")
         for job in jobs:
             runner = ModelRunner(
                 job.path, block_size=BLOCK_SIZE, num_blocks=16, progress=False, tp=tp
             )
             if rank == 0:
-                outputs: Any = lead(GroupExecutor(runner, tp), job.plans)
+                outputs: Any = lead(GroupExecutor(runner, tp), job)
             else:
                 rec = Recording(runner, job.follower_dies_after)
                 follow(rec, tp)
                 outputs = rec.outputs
-            results.put((rank, job.name, outputs, runner.num_blocks))
+            params = sum(p.numel() for p in runner.model.parameters())
+            results.put((rank, job.name, outputs, (runner.num_blocks, params)))
     except BaseException:  # noqa: BLE001 - the test reads the traceback
         results.put((rank, "error", traceback.format_exc(), 0))
