@@ -172,7 +172,7 @@ def join_group(rank: int, size: int, port: int, device: str) -> TPGroup:
     store = dist.TCPStore(
         "127.0.0.1", port, size, is_master=False, timeout=COLLECTIVE_TIMEOUT, wait_for_workers=False
     )
-    return _init(store, rank, size, device)
+    return init_group(store, rank, size, device)
 
 
 def start_group(size: int) -> tuple[dist.TCPStore, int]:
@@ -184,10 +184,8 @@ def start_group(size: int) -> tuple[dist.TCPStore, int]:
 
 
 def init_group(store: dist.Store, rank: int, size: int, device: str) -> TPGroup:
-    return _init(store, rank, size, device)
-
-
-def _init(store: dist.Store, rank: int, size: int, device: str) -> TPGroup:
+    """This process's place in the group: the default process group (the forward pass's
+    collectives) and a second, gloo one for rank 0's messages."""
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if backend == "nccl":  # never run: no GPU where this was built
         torch.cuda.set_device(torch.device(device))

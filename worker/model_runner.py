@@ -69,7 +69,7 @@ class ModelRunner:
         tp: TPGroup | None = None,
     ) -> None:
         self.tp = tp = tp or TPGroup()
-        default_threads(tp.size if self.device_is_cpu(device) else 1)
+        default_threads(tp.size if torch.device(device).type == "cpu" else 1)
         # Everything that can be refused is checked before any memory is taken.
         self.config = cfg = ModelConfig.from_dir(Path(model_path))
         check_tensor_parallel(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, tp.size)
@@ -121,10 +121,6 @@ class ModelRunner:
             block_size,
             self.num_blocks * shape.bytes_per_block() / 2**20,
         )
-
-    @staticmethod
-    def device_is_cpu(device: str) -> bool:
-        return torch.device(device).type == "cpu"
 
     @torch.inference_mode()
     def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:

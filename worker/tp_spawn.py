@@ -42,9 +42,10 @@ from worker.distributed import (
     start_group,
 )
 from worker.executor import Executor
+from worker.model_runner import ModelRunner
 from worker.runners import Runner
 from worker.settings import WorkerSettings
-from worker.tp_group import GroupExecutor, Message
+from worker.tp_group import GroupExecutor, Message, follow
 
 log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
@@ -191,9 +192,6 @@ def rank_main(
     # Ctrl-C reaches the whole process group: rank 0 stops the group, not each rank alone.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup_logging(f"worker-rank{rank}", settings.log_level, settings.log_format)
-    from worker.model_runner import ModelRunner  # torch loads in the child, after the fork
-    from worker.tp_group import follow
-
     try:
         device = rank_device(settings.device, rank)
         tp = join_group(rank, settings.tensor_parallel_size, port, device)

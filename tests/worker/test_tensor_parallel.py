@@ -176,3 +176,9 @@ def test_the_worker_refuses_a_bad_size_before_spawning_anything(models) -> None:
     )
     assert proc.returncode != 0
     assert "--tensor-parallel-size 3 does not divide the model's 4 attention heads" in proc.stderr
+
+
+def test_an_embedding_model_stays_single_rank(tmp_path) -> None:
+    (tmp_path / "config.json").write_text('{"architectures": ["BertModel"]}')
+    with pytest.raises(SystemExit, match="embedding model, served by a single-rank worker"):
+        check_group(2, tmp_path)
