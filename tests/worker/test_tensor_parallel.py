@@ -20,8 +20,17 @@ import pytest
 import torch.distributed as dist
 
 from tests.worker.helpers import greedy, hf_greedy, hf_model, make_runner, save_hf_model
-from tests.worker.tp_ranks import BLOCK_SIZE, Job, greedy_plans, provenance_plans, run_rank
+from tests.worker.tp_ranks import (
+    BLOCK_SIZE,
+    Job,
+    greedy_plans,
+    provenance_plans,
+    run_rank,
+    sampling_plans,
+    summary,
+)
 from worker.distributed import VocabShard, split_heads
+from worker.executor import Executor
 from worker.tp_spawn import check_group
 
 STEPS = 12
@@ -89,6 +98,8 @@ def test_two_ranks_generate_what_one_rank_and_transformers_generate(models) -> N
     prompts = {name: _prompt(251, seed=i) for i, name in enumerate(models)}
     jobs = [Job(name, path, greedy_plans(prompts[name], STEPS)) for name, path in models.items()]
     jobs.append(Job("provenance", models["llama"], provenance_plans(prompts["llama"] * 2)))
+    sampling = sampling_plans(prompts["qwen2_tied"], 6)
+    jobs.append(Job("sampling", models["qwen2_tied"], sampling))
     got = run_group(jobs)
     for name, path in models.items():
         steps = got[(0, name)]
@@ -108,6 +119,13 @@ def test_two_ranks_generate_what_one_rank_and_transformers_generate(models) -> N
     assert [s["stale"] for s in prov] == [[], ["b"], []]
     assert 1 in prov[1]["removed"]
     assert [len(s["sampled"]) for s in prov] == [1, 0, 1]  # c read block 0: vouched for
+    # seeded and unseeded sampling, penalties, logprobs and a chunked prefill: the ranks agree
+    # to the bit, and draw what a single-rank executor draws
+    assert got[(1, "sampling")] == got[(0, "sampling")]
+    single_ex = Executor(make_runner(models["qwen2_tied"], block_size=BLOCK_SIZE, num_blocks=16))
+    single_steps = [summary(single_ex.step(plan)) for plan in sampling]
+    assert [s["sampled"] for s in got[(0, "sampling")]] == [s["sampled"] for s in single_steps]
+    assert any(s["full"][1] for s in single_steps)  # prompt logprobs were asked and given
 
 
 def test_a_dead_rank_breaks_the_group_at_once_not_at_the_timeout(models) -> None:

@@ -22,7 +22,7 @@ from worker.distributed import GroupLost, join_group
 from worker.executor import Executor
 from worker.model_runner import ModelRunner
 from worker.plan import ContinueSeq, NewSeq, Plan, StepOutput
-from worker.sampling_params import GREEDY
+from worker.sampling_params import GREEDY, SamplingParams
 from worker.tp_group import GroupExecutor, Message, follow
 
 BLOCK_SIZE = 8
@@ -58,8 +58,36 @@ def provenance_plans(prompt: list[int]) -> list[Plan]:
     return [Plan(1, new=[a]), Plan(2, new=[b], dropped=["a"]), Plan(3, new=[c])]
 
 
+def sampling_plans(prompt: list[int], steps: int) -> list[Plan]:
+    """Three requests in one batch: seeded top-k with logprobs and prompt logprobs, unseeded
+    top-p, and a prompt prefilled in two chunks, then decoded together."""
+    seeded = SamplingParams(temperature=0.8, top_k=20, seed=7, logprobs=2, prompt_logprobs=1)
+    free = SamplingParams(temperature=1.0, top_p=0.9, presence_penalty=0.5)
+    n = len(prompt)
+    first = [
+        NewSeq("s1", prompt, [0, 1, 2], 0, n, n, seeded, [], []),
+        NewSeq("s2", prompt[::-1], [3, 4, 5], 0, n, n, free, [], []),
+        NewSeq("s3", prompt[1:] + prompt[:1], [6, 7, 8], 0, 6, n, GREEDY, [], []),
+    ]
+    plans = [Plan(1, new=first)]
+    for k in range(2, steps + 2):
+        s3_done = n if k > 2 else 6
+        plans.append(
+            Plan(
+                k,
+                cont=[
+                    ContinueSeq("s1", [], n + k - 2, 1, []),
+                    ContinueSeq("s2", [], n + k - 2, 1, []),
+                    ContinueSeq("s3", [], s3_done + max(0, k - 3), n - 6 if k == 2 else 1, []),
+                ],
+            )
+        )
+    return plans
+
+
 def summary(out: StepOutput) -> dict[str, Any]:
     return {
+        "full": (out.sampled, out.prompt_logprobs),  # logprobs too: the ranks hold the same bits
         "sampled": [(rid, s.token_id, s.error) for rid, s in out.sampled],
         "errors": list(out.errors),
         "stale": list(out.stale_request_ids),
