@@ -5,11 +5,13 @@ requests finish on the other worker, with no rank left running."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
 
+import httpx
 import openai
 
 from tests.e2e.helpers import cmdline
@@ -103,5 +105,40 @@ def test_killing_a_rank_loses_one_worker_whose_requests_finish_on_the_other(tmp_
         assert not [p for p in group if alive(p)]
         samples = scrape(served.scheduler_metrics_url)
         assert metric_sum(samples, "kvledger_kv_blocks_in_use") == 0
+    finally:
+        served.stop()
+
+
+def test_a_lone_group_that_loses_a_rank_fails_its_stream_cleanly_then_comes_back(tmp_path):
+    """With no other worker, the stream ends with an error event (not a hang); serve restarts
+    the worker, which forms a new group and serves again."""
+    served = start_serve(tmp_path, "-tp", "2", "--num-kv-blocks", "128")
+    try:
+        leader = _worker_pid(served, "worker-0")
+        (victim,) = _ranks(leader)
+        body = {"model": MODEL, "prompt": "tell me everything", "max_tokens": 1500}
+        body |= {"ignore_eos": True, "stream": True}
+        events: list[str] = []
+        with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=60) as reply:
+            assert reply.status_code == 200
+            for line in reply.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[len("data: ") :])
+                    if len(events) == 3:
+                        os.kill(victim, signal.SIGKILL)
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["type"] == "service_unavailable" and "worker" in error["message"]
+        deadline = time.monotonic() + 120
+        while True:  # the restarted group registers again
+            try:
+                text = _client(served).completions.create(prompt=PROMPTS[0], **KWARGS)
+                break
+            except (openai.APIStatusError, openai.APIConnectionError):
+                assert time.monotonic() < deadline, served.log()
+                time.sleep(0.5)
+        assert text.choices[0].text
+        assert not alive(leader) and not alive(victim)
+        assert len(_ranks(_worker_pid(served, "worker-0"))) == 1
     finally:
         served.stop()
