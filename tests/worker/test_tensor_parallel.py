@@ -119,13 +119,16 @@ def test_two_ranks_generate_what_one_rank_and_transformers_generate(models) -> N
     assert [s["stale"] for s in prov] == [[], ["b"], []]
     assert 1 in prov[1]["removed"]
     assert [len(s["sampled"]) for s in prov] == [1, 0, 1]  # c read block 0: vouched for
-    # seeded and unseeded sampling, penalties, logprobs and a chunked prefill: the ranks agree
-    # to the bit, and draw what a single-rank executor draws
+    # seeded and unseeded sampling, penalties, logprobs, a chunked prefill and an embedding
+    # pass: the ranks agree to the bit, and draw what a single-rank executor draws
     assert got[(1, "sampling")] == got[(0, "sampling")]
     single_ex = Executor(make_runner(models["qwen2_tied"], block_size=BLOCK_SIZE, num_blocks=16))
     single_steps = [summary(single_ex.step(plan)) for plan in sampling]
     assert [s["sampled"] for s in got[(0, "sampling")]] == [s["sampled"] for s in single_steps]
     assert any(s["full"][1] for s in single_steps)  # prompt logprobs were asked and given
+    (_, vector), *_ = got[(0, "sampling")][0]["full"][2]  # the embedding pass
+    (_, reference), *_ = single_steps[0]["full"][2]
+    assert vector == pytest.approx(reference, abs=1e-5)
 
 
 def test_a_dead_rank_breaks_the_group_at_once_not_at_the_timeout(models) -> None:

@@ -21,7 +21,7 @@ from worker import distributed, tp_group
 from worker.distributed import GroupLost, join_group
 from worker.executor import Executor
 from worker.model_runner import ModelRunner
-from worker.plan import ContinueSeq, NewSeq, Plan, StepOutput
+from worker.plan import ContinueSeq, EmbedParams, NewSeq, Plan, StepOutput
 from worker.sampling_params import GREEDY, SamplingParams
 from worker.tp_group import GroupExecutor, Message, follow
 
@@ -69,7 +69,8 @@ def sampling_plans(prompt: list[int], steps: int) -> list[Plan]:
         NewSeq("s2", prompt[::-1], [3, 4, 5], 0, n, n, free, [], []),
         NewSeq("s3", prompt[1:] + prompt[:1], [6, 7, 8], 0, 6, n, GREEDY, [], []),
     ]
-    plans = [Plan(1, new=first)]
+    embed = NewSeq("e", prompt, [9, 10], 0, n, n, GREEDY, [], [], EmbedParams(True, 0))
+    plans = [Plan(1, new=[*first, embed])]  # a decoder's embedding pass in the same step
     for k in range(2, steps + 2):
         s3_done = n if k > 2 else 6
         plans.append(
@@ -87,7 +88,8 @@ def sampling_plans(prompt: list[int], steps: int) -> list[Plan]:
 
 def summary(out: StepOutput) -> dict[str, Any]:
     return {
-        "full": (out.sampled, out.prompt_logprobs),  # logprobs too: the ranks hold the same bits
+        # logprobs and embeddings too: the ranks hold the same bits
+        "full": (out.sampled, out.prompt_logprobs, out.embeddings),
         "sampled": [(rid, s.token_id, s.error) for rid, s in out.sampled],
         "errors": list(out.errors),
         "stale": list(out.stale_request_ids),
