@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -120,6 +121,8 @@ def spawn_ranks(
 ) -> list[BaseProcess]:
     """Ranks 1..N-1, started; each joins the group through rank 0's store on `port`."""
     context = multiprocessing.get_context("spawn")
+    # the other ranks never talk to the scheduler: they get no secret
+    settings = dataclasses.replace(settings, worker_auth_token="")
     procs = []
     for rank in range(1, settings.tensor_parallel_size):
         proc = context.Process(
