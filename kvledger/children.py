@@ -58,7 +58,8 @@ SET_PER_PROCESS: dict[str, frozenset[str]] = {
 LEFT_AT_DEFAULT: dict[str, frozenset[str]] = {
     SCHEDULER: frozenset(),
     WORKER: frozenset(),
-    # the generative model's sizing and kernel: the encoder has no KV cache
+    # the generative model's sizing, kernel and tensor parallelism: the encoder has no KV
+    # cache and stays single-rank
     EMBEDDING_WORKER: frozenset(
         {
             "--block-size",
@@ -67,6 +68,7 @@ LEFT_AT_DEFAULT: dict[str, frozenset[str]] = {
             "--gpu-memory-utilization",
             "--max-model-len",
             "--attention-backend",
+            "--tensor-parallel-size",
         }
     ),
     # serve's --metrics-port is the scheduler's: the frontend keeps /metrics on its HTTP port

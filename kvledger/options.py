@@ -45,6 +45,7 @@ class _Option:
     help: str
     choices: tuple[Any, ...] | None
     secret: bool
+    aliases: tuple[str, ...] = ()
 
 
 def option(
@@ -53,11 +54,17 @@ def option(
     *,
     choices: Iterable[Any] | None = None,
     secret: bool = False,
+    aliases: Iterable[str] = (),
 ) -> Any:
     """A config field that is also a flag and an environment variable. `secret`: handed to
     child processes in the environment, never in argv, and warned about on a command line.
-    A list default is copied for each instance."""
-    meta = {_META: _Option(help, tuple(choices) if choices is not None else None, secret)}
+    `aliases`: other spellings the command line accepts (`-tp`, vLLM's short name); the flag
+    handed on to children is always the long name. A list default is copied for each instance."""
+    meta = {
+        _META: _Option(
+            help, tuple(choices) if choices is not None else None, secret, tuple(aliases)
+        )
+    }
     if isinstance(default, list):
         items = tuple(default)
         return dataclasses.field(default_factory=lambda: list(items), metadata=meta)
@@ -81,6 +88,7 @@ class Flag:
     secret: bool = False
     path: tuple[str, ...] = ()  # attributes from the service config to the value
     owner: str = ""  # the dataclass that declares the field ("module.Class")
+    aliases: tuple[str, ...] = ()  # other command-line spellings ("-tp")
 
     @property
     def dest(self) -> str:
@@ -142,6 +150,7 @@ def config_flags(cls: type, services: Iterable[str] = (), path: tuple[str, ...] 
                 secret=meta.secret,
                 path=(*path, f.name),
                 owner=f"{owner.__module__}.{owner.__qualname__}",
+                aliases=meta.aliases,
             )
         )
     return flags
@@ -254,6 +263,7 @@ def add_flags(parser: argparse.ArgumentParser, flags: Iterable[Flag]) -> None:
         else:
             parser.add_argument(
                 flag.name,
+                *flag.aliases,
                 dest=flag.dest,
                 default=default,
                 help=help_text,

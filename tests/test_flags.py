@@ -21,7 +21,7 @@ from kvledger.flags import (
     to_argv,
     to_env,
 )
-from kvledger.options import config_flags, flag_argv
+from kvledger.options import config_flags, fill_list_defaults, flag_argv
 
 DESIGN_FLAGS = {
     FRONTEND: {"--host", "--port", "--api-key"},
@@ -300,6 +300,7 @@ def test_the_per_process_flags_of_serve_are_these():
             "--gpu-memory-utilization",
             "--max-model-len",
             "--attention-backend",
+            "--tensor-parallel-size",
         },
         FRONTEND: {"--metrics-port"},
     }
@@ -358,3 +359,18 @@ def test_serve_forwards_every_flag_a_child_accepts(monkeypatch):
         "served_model_name-value",
         "embedding_model-value",
     ]
+
+
+def test_tensor_parallel_size_has_vllms_short_name_and_skips_the_embedding_worker():
+    """`-tp N` is `--tensor-parallel-size N`; serve hands it to each generative worker, while
+    the embedding worker stays single-rank."""
+    assert parse(WORKER, ["-tp", "2"], "t").tensor_parallel_size == 2
+    assert parse(WORKER, [], "t").tensor_parallel_size == 1
+    args = cli._serve_parser().parse_args(["-tp", "2", "--num-workers", "2"])
+    fill_list_defaults(args, [*FLAGS, *children.SERVE_ONLY_FLAGS])
+    specs = children.plan(args)
+    by_name = {spec.name: parse(spec.service, spec.argv, "t") for spec in specs}
+    assert by_name["worker-0"].tensor_parallel_size == by_name["worker-1"].tensor_parallel_size
+    assert by_name["worker-1"].tensor_parallel_size == 2
+    assert by_name["embed-0"].tensor_parallel_size == 1
+    assert "-tp" not in specs[1].argv and "--tensor-parallel-size" in specs[1].argv

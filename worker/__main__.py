@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import prometheus_client
 
@@ -17,11 +18,13 @@ from kvledger.models import resolve_model
 from kvledger.shutdown import Stopper
 from kvledger.tls import checked
 from protos import frontend_pb2, worker_pb2
+from worker.distributed import GroupLost, rank_device
 from worker.executor import Executor
 from worker.link import WorkerLinkClient
 from worker.metrics import WorkerMetrics
 from worker.runners import load_runner
 from worker.settings import CPU_KV_CACHE_BYTES, WorkerSettings
+from worker.tp_spawn import RankGroup, exit_now
 
 log = logging.getLogger("worker")
 
@@ -37,22 +40,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     model_path = resolve_model(settings.model)
     name = settings.served_model_name or settings.model
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
-    kv_bytes = settings.kv_cache_memory_bytes
-    if kv_bytes is None and not settings.device.startswith("cuda"):
-        kv_bytes = CPU_KV_CACHE_BYTES
-    runner = load_runner(
-        model_path,
-        block_size=settings.block_size,
-        num_blocks=settings.num_kv_blocks,
-        kv_cache_memory_bytes=kv_bytes,
-        gpu_memory_utilization=settings.gpu_memory_utilization,
-        dtype=settings.dtype,
-        device=settings.device,
-        max_model_len=settings.max_model_len,
-        seed=settings.seed,
-        attention_backend=settings.attention_backend,
-        progress=settings.log_format == "text",  # a progress bar is no JSON line
-    )
+    kwargs = runner_kwargs(settings)
+    group: RankGroup | None = None
+    if settings.tensor_parallel_size > 1:
+        group = RankGroup.start(settings, model_path, kwargs)
+    try:
+        runner = load_runner(model_path, tp=group.tp if group else None, **kwargs)
+    except GroupLost as err:
+        exit_now(f"the tensor-parallel group broke while loading: {err}")
     kind = (
         frontend_pb2.MODEL_KIND_EMBED
         if runner.kind == "embed"
@@ -84,10 +79,38 @@ def main(argv: Sequence[str] | None = None) -> None:
         runner.block_size,
         settings.metrics_port,
     )
-    client = WorkerLinkClient(settings.scheduler, registration, Executor(runner), metrics, tls)
+    executor = group.executor(runner) if group else Executor(runner)
+    client = WorkerLinkClient(settings.scheduler, registration, executor, metrics, tls)
     stopper.on_stop(client.stop)
-    client.run_forever()
+    try:
+        client.run_forever()
+    except GroupLost as err:  # a rank died or hung mid-step: the whole group goes
+        exit_now(f"the tensor-parallel group is broken ({err}); exiting")
+    if group:
+        group.stop()
     log.info("worker %s stopped", worker_id)
+
+
+def runner_kwargs(settings: WorkerSettings) -> dict[str, Any]:
+    """`load_runner`'s arguments from the flags (every rank of a group takes the same)."""
+    kv_bytes = settings.kv_cache_memory_bytes
+    if kv_bytes is None and not settings.device.startswith("cuda"):
+        kv_bytes = CPU_KV_CACHE_BYTES
+    return dict(
+        block_size=settings.block_size,
+        num_blocks=settings.num_kv_blocks,
+        kv_cache_memory_bytes=kv_bytes,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        dtype=settings.dtype,
+        # a group's rank 0 takes the first of its GPUs; a single worker --device as given
+        device=rank_device(settings.device, 0)
+        if settings.tensor_parallel_size > 1
+        else settings.device,
+        max_model_len=settings.max_model_len,
+        seed=settings.seed,
+        attention_backend=settings.attention_backend,
+        progress=settings.log_format == "text",  # a progress bar is no JSON line
+    )
 
 
 if __name__ == "__main__":

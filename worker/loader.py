@@ -2,12 +2,17 @@
 
 Every parameter must be filled exactly once (packed ones shard by shard); anything missing or
 unexpected is an error naming the tensors, never a silently random weight.
+
+A module may take only a slice of a checkpoint tensor (`checkpoint_piece`: a tensor-parallel
+rank's rows or columns, `worker/layers/parallel.py`); the loader then reads that slice alone
+with safetensors' `get_slice`, so no rank materializes the whole tensor.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -60,13 +65,18 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
                         or (tied and name == "lm_head.weight")
                     ):
                         continue
-                    target, rows = _target(name, packed, model)
+                    target, rows, shard = _target(name, packed, model)
                     if target not in params:
                         unexpected.append(ckpt_name)
                         continue
-                    tensor = f.get_tensor(ckpt_name)
+                    piece = _piece(model, target, shard)
+                    if piece is None:
+                        tensor = f.get_tensor(ckpt_name)
+                    else:
+                        tensor = f.get_slice(ckpt_name)[piece.source]
+                        rows = piece.rows or rows
                     _copy(params[target], rows, tensor, ckpt_name)
-                    filled[target] += tensor.shape[0] if rows is not None else 1
+                    filled[target] += tensor.shape[0] if shard is not None else 1
     _check_complete(model, params, filled, unexpected)
 
 
@@ -105,8 +115,9 @@ def _param_name(name: str, packed: dict[str, tuple[str, str]]) -> str:
 
 def _target(
     name: str, packed: dict[str, tuple[str, str]], model: nn.Module
-) -> tuple[str, slice | None]:
-    """Checkpoint name -> our parameter name, and the rows it fills if the parameter is packed."""
+) -> tuple[str, slice | None, str | None]:
+    """Checkpoint name -> our parameter name, and if the parameter is packed the rows it fills
+    and the shard's name."""
     for ckpt_module, (our_module, shard) in packed.items():
         marker = f".{ckpt_module}."
         if marker in name:
@@ -114,9 +125,16 @@ def _target(
             try:
                 module = model.get_submodule(target.rsplit(".", 1)[0])
             except AttributeError:
-                return name, None  # no such module here: reported as unexpected
-            return target, module.shards[shard]
-    return name, None
+                return name, None, None  # no such module here: reported as unexpected
+            return target, module.shards[shard], shard
+    return name, None, None
+
+
+def _piece(model: nn.Module, target: str, shard: str | None) -> Any:
+    """The slice of the checkpoint tensor the parameter takes (`Piece`), or None: all of it."""
+    module_name, _, attr = target.rpartition(".")
+    take = getattr(model.get_submodule(module_name), "checkpoint_piece", None)
+    return None if take is None else take(attr, shard)
 
 
 def _copy(param: torch.Tensor, rows: slice | None, tensor: torch.Tensor, name: str) -> None:

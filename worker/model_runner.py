@@ -12,6 +12,7 @@ from worker.attention import get_backend
 from worker.attention.dense import dense_plan, seq_positions
 from worker.batch import BatchLimits, SeqChunk, StepBatch, prepare_batch
 from worker.config import EncoderConfig, ModelConfig
+from worker.distributed import TPGroup, check_tensor_parallel, split_heads
 from worker.kv_cache import KVCache, KVShape
 from worker.layers.linear import prepare_for_device
 from worker.loader import load_weights
@@ -38,10 +39,12 @@ def resolve_dtype(name: str, cfg: ModelConfig | EncoderConfig) -> torch.dtype:
     return DTYPES[name]
 
 
-def default_threads() -> None:
-    """Use the cores this process may run on, unless the operator chose (OMP_NUM_THREADS)."""
+def default_threads(share: int = 1) -> None:
+    """Use the cores this process may run on, unless the operator chose (OMP_NUM_THREADS);
+    `share` ranks of a tensor-parallel group on one CPU split them (OpenMP threads of two
+    ranks competing for a core make each rank's barriers wait on the other's)."""
     if "OMP_NUM_THREADS" not in os.environ and hasattr(os, "sched_getaffinity"):
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // share))
 
 
 class ModelRunner:
@@ -63,10 +66,13 @@ class ModelRunner:
         attention_backend: str = "torch",
         progress: bool = True,
         gpu_memory_utilization: float = 0.9,
+        tp: TPGroup | None = None,
     ) -> None:
-        default_threads()
+        self.tp = tp = tp or TPGroup()
+        default_threads(tp.size if torch.device(device).type == "cpu" else 1)
         # Everything that can be refused is checked before any memory is taken.
         self.config = cfg = ModelConfig.from_dir(Path(model_path))
+        check_tensor_parallel(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, tp.size)
         self.dtype = resolve_dtype(dtype, cfg)
         self.device = torch.device(device)
         if block_size < 1:
@@ -77,7 +83,9 @@ class ModelRunner:
         self.eos_token_ids = list(cfg.eos_token_ids)
         self.embedding_size = cfg.hidden_size
         self.pooling = PoolingConfig.from_dir(Path(model_path), PoolingConfig("last", True))
-        shape = KVShape(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        # each rank's cache holds its own KV heads, for the same block ids as every other rank
+        kv_heads = split_heads(cfg.num_heads, cfg.num_kv_heads, tp.rank, tp.size).kv_heads
+        shape = KVShape(cfg.num_layers, block_size, kv_heads, cfg.head_dim, self.dtype)
         size_from_gpu = (
             self.device.type == "cuda" and num_blocks is None and kv_cache_memory_bytes is None
         )
@@ -87,13 +95,15 @@ class ModelRunner:
             attention_backend, dtype=self.dtype, block_size=block_size, device=self.device
         )
 
-        self.model = build_model(cfg, self.backend, self.max_model_len, self.dtype, self.device)
+        self.model = build_model(cfg, self.backend, self.max_model_len, self.dtype, self.device, tp)
         load_weights(self.model, Path(model_path), progress=progress)
         prepare_for_device(self.model, self.device)
         if size_from_gpu:  # what the weights left of the utilization budget goes to KV
             free, total = torch.cuda.mem_get_info(self.device)
             budget = gpu_kv_budget(total, free, gpu_memory_utilization)
             self.num_blocks = shape.blocks_for_budget(budget)
+        if tp.size > 1:  # one pool for the group: the smallest any rank can hold
+            self.num_blocks = tp.min_int(self.num_blocks)
         self.kv_cache = KVCache.allocate(shape, self.num_blocks, self.device)
         for layer, k, v in zip(
             self.model.attention_layers(), self.kv_cache.k, self.kv_cache.v, strict=True

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from worker.batch import BatchLimits, SeqChunk
 from worker.config import is_encoder
+from worker.distributed import TPGroup
 from worker.embedding_runner import EmbeddingRunner
 from worker.model_runner import ModelRunner
 from worker.pooling import EmbedItem
@@ -54,11 +55,14 @@ def load_runner(
     seed: int = 0,
     attention_backend: str = "torch",
     progress: bool = True,
+    tp: TPGroup | None = None,
 ) -> ModelRunner | EmbeddingRunner:
     """The worker's flags, whichever the model: an encoder keeps no KV cache and samples
     nothing, so the KV sizing, the seed and the attention backend do not reach it."""
     model_path = Path(model_path)
     if is_encoder(model_path):
+        if tp is not None and tp.size > 1:
+            raise ValueError("embedding models are served by single-rank workers")
         return EmbeddingRunner(
             model_path,
             block_size=block_size,
@@ -79,4 +83,5 @@ def load_runner(
         seed=seed,
         attention_backend=attention_backend,
         progress=progress,
+        tp=tp,
     )

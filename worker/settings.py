@@ -63,3 +63,9 @@ class WorkerSettings(
     )
     seed: int = option(0, "base random seed")
     worker_id: str | None = option(None, "name of this worker (default: host-pid)")
+    tensor_parallel_size: int = option(
+        1,
+        "processes (ranks) that split a decoder with tensor parallelism and serve as one "
+        "worker (gloo on CPU, NCCL on CUDA); embedding models stay single-rank",
+        aliases=("-tp",),
+    )

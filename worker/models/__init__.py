@@ -10,6 +10,7 @@ from torch import nn
 
 from worker.attention.base import AttentionBackend
 from worker.config import EncoderConfig, ModelConfig
+from worker.distributed import TPGroup
 from worker.models.bert import BertModel
 from worker.models.llama import LlamaForCausalLM
 
@@ -35,10 +36,12 @@ def build_model(
     max_positions: int,
     dtype: torch.dtype,
     device: torch.device,
+    tp: TPGroup | None = None,
 ) -> LlamaForCausalLM:
-    """Uninitialized parameters of `dtype` on `device`; the loader fills them."""
+    """Uninitialized parameters of `dtype` on `device`; the loader fills them. In a
+    tensor-parallel group, this rank's shard of them."""
     cls = MODEL_CLASSES[cfg.architecture]
-    return _build(lambda: cls(cfg, backend, max_positions, dtype), dtype, device)
+    return _build(lambda: cls(cfg, backend, max_positions, dtype, tp), dtype, device)
 
 
 def build_encoder(cfg: EncoderConfig, dtype: torch.dtype, device: torch.device) -> BertModel:

@@ -2,6 +2,9 @@
 
 Parameter names follow the Hugging Face checkpoints, except that q/k/v and gate/up are packed
 into one matmul each; `packed_modules` tells the loader which checkpoint tensor fills which rows.
+
+In a tensor-parallel group (`tp`, size > 1) each rank builds the sharded layers of
+`worker/layers/parallel.py`: its query and KV heads, its slice of the MLP and the vocabulary.
 """
 
 from __future__ import annotations
@@ -14,30 +17,20 @@ from torch import nn
 from worker.attention.base import AttentionBackend
 from worker.attention.dense import DensePlan, dense_attention
 from worker.config import ModelConfig
+from worker.distributed import TPGroup
 from worker.layers.activation import silu_and_mul
-from worker.layers.embedding import Embedding, LMHead
-from worker.layers.linear import Linear, PackedLinear
 from worker.layers.norm import RMSNorm
+from worker.layers.parallel import attention_layers, mlp_layers, vocab_layers
 from worker.layers.rotary import RotaryEmbedding, apply_rotary
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, tp: TPGroup) -> None:
         super().__init__()
-        self.num_heads = cfg.num_heads
-        self.num_kv_heads = cfg.num_kv_heads
+        # this rank's heads (all of them in a single process)
+        self.qkv_proj, self.o_proj, self.num_heads, self.num_kv_heads = attention_layers(cfg, tp)
         self.head_dim = cfg.head_dim
         self.scale = cfg.head_dim**-0.5
-        self.qkv_proj = PackedLinear(
-            cfg.hidden_size,
-            {
-                "q": cfg.num_heads * cfg.head_dim,
-                "k": cfg.num_kv_heads * cfg.head_dim,
-                "v": cfg.num_kv_heads * cfg.head_dim,
-            },
-            bias=cfg.qkv_bias,
-        )
-        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         self.backend = backend
         # Bound to this layer's slice of the paged KV memory by the model runner.
         self.k_cache = torch.empty(0)
@@ -59,26 +52,21 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
-        self.gate_up_proj = PackedLinear(
-            cfg.hidden_size,
-            {"gate": cfg.intermediate_size, "up": cfg.intermediate_size},
-            bias=cfg.mlp_bias,
-        )
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj, self.down_proj = mlp_layers(cfg, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, tp: TPGroup) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, backend)
+        self.self_attn = LlamaAttention(cfg, backend, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp = LlamaMLP(cfg, tp)
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan: Any
@@ -89,11 +77,19 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, backend: AttentionBackend, max_positions: int, dtype: torch.dtype
+        self,
+        cfg: ModelConfig,
+        backend: AttentionBackend,
+        max_positions: int,
+        dtype: torch.dtype,
+        tp: TPGroup,
+        embed_tokens: nn.Module,
     ) -> None:
         super().__init__()
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
+        self.embed_tokens = embed_tokens
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, backend, tp) for _ in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope, dtype)
 
@@ -116,13 +112,19 @@ class LlamaForCausalLM(nn.Module):
     }
 
     def __init__(
-        self, cfg: ModelConfig, backend: AttentionBackend, max_positions: int, dtype: torch.dtype
+        self,
+        cfg: ModelConfig,
+        backend: AttentionBackend,
+        max_positions: int,
+        dtype: torch.dtype,
+        tp: TPGroup | None = None,
     ) -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, backend, max_positions, dtype)
-        tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, tied_to=tied)
+        tp = tp or TPGroup()
+        embed, head = vocab_layers(cfg, tp)  # the head may be tied to the embedding
+        self.model = LlamaModel(cfg, backend, max_positions, dtype, tp, embed)
+        self.lm_head = head  # after the model: a tied weight is named model.embed_tokens
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, plan: Any) -> torch.Tensor:
         """Flat varlen batch [T] -> final hidden states [T, hidden]."""
