@@ -25,10 +25,11 @@ _MESSAGES = [
 ]
 
 # A lost scheduler is reconnected to within ~2 s of its return (gRPC's default backoff grows
-# to 120 s): live requests and workers wait on it (--scheduler-reconnect-timeout).
+# to 120 s): live requests and workers wait on it (--scheduler-reconnect-timeout). Not
+# `grpc.min_reconnect_backoff_ms`: gRPC core reads it as each attempt's minimum connect
+# timeout (20 s by default), and a small one would fail slow handshakes between hosts.
 _RECONNECT = [
     ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 

@@ -12,12 +12,16 @@ contents (keys above all) are never logged.
 from __future__ import annotations
 
 import ipaddress
+import logging
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+
+log = logging.getLogger(__name__)
 
 
 class TlsConfigError(ValueError):
@@ -50,6 +54,12 @@ def checked(settings: Any, server: bool, service: str) -> TlsFiles:
         check(files, server)
     except TlsConfigError as err:
         raise SystemExit(f"{service}: {err}") from None
+    if not server and files.cert and not files.ca:
+        log.warning(
+            "%s: --grpc-tls-cert without --grpc-tls-ca: the scheduler's certificate is "
+            "checked against the system's roots, which a private CA is not among",
+            service,
+        )
     return files
 
 
@@ -75,11 +85,30 @@ def _read(path: str | None, flag: str, marker: bytes) -> bytes | None:
 def _load(files: TlsFiles) -> _Pem:
     if bool(files.cert) != bool(files.key):
         raise TlsConfigError("--grpc-tls-cert and --grpc-tls-key go together: give both")
-    return _Pem(
+    pem = _Pem(
         cert=_read(files.cert, "--grpc-tls-cert", b"CERTIFICATE"),
         key=_read(files.key, "--grpc-tls-key", b"PRIVATE KEY"),
         ca=_read(files.ca, "--grpc-tls-ca", b"CERTIFICATE"),
     )
+    if files.cert and files.key:
+        _check_pair(files.cert, files.key)
+    return pem
+
+
+def _check_pair(cert: str, key: str) -> None:
+    """The key is this certificate's, and not encrypted (gRPC cannot ask for a passphrase);
+    otherwise the scheduler's bind, or every handshake, fails with a message naming neither."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=_no_password)
+    except (ssl.SSLError, OSError, TypeError, ValueError) as err:
+        raise TlsConfigError(
+            f"--grpc-tls-key {key} is not the unencrypted key of --grpc-tls-cert {cert} "
+            f"({type(err).__name__})"
+        ) from None
+
+
+def _no_password() -> bytes:
+    raise ValueError("the key is encrypted")
 
 
 def server_credentials(files: TlsFiles) -> grpc.ServerCredentials | None:
@@ -130,7 +159,14 @@ def add_port(server: Any, address: str, files: TlsFiles) -> int:
 
 
 def channel(target: str, files: TlsFiles, options: Sequence[tuple[str, Any]]) -> grpc.Channel:
-    creds = channel_credentials(files)
+    return channel_with(target, channel_credentials(files), options)
+
+
+def channel_with(
+    target: str, creds: grpc.ChannelCredentials | None, options: Sequence[tuple[str, Any]]
+) -> grpc.Channel:
+    """A channel with credentials made once (a worker reconnects with the files it started
+    with: a file missing mid-rotation must not end its reconnect loop)."""
     if creds is None:
         return grpc.insecure_channel(target, options=options)
     return grpc.secure_channel(target, creds, options=options)

@@ -57,7 +57,11 @@ async def start(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{settings.grpc_host}:{settings.grpc_port}"
     tls = checked(settings, server=True, service="scheduler")
-    if add_port(server, address, tls) == 0:
+    try:
+        bound = add_port(server, address, tls)
+    except RuntimeError as err:  # grpc raises where it once returned 0
+        raise SystemExit(f"cannot bind the scheduler's gRPC port at {address}: {err}") from None
+    if bound == 0:
         raise SystemExit(f"cannot bind the scheduler's gRPC port at {address}")
     if (
         warning := plaintext_warning(settings.grpc_host, tls, settings.worker_auth_token)

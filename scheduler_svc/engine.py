@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 import time
 
 import grpc
@@ -164,7 +165,11 @@ class Engine:
     def submit_generate(self, req: frontend_pb2.GenerateRequest) -> LiveRequest:
         resumed = list(req.resumed_token_ids)
         prompt_and_resumed = [*req.prompt_token_ids, *resumed]
-        reg = self._admissible(req.request_id, req.model, prompt_and_resumed, embed=False)
+        # A continuation was admitted before its frontend's link broke: it is not new load,
+        # and a full queue must not end a stream that already sent text.
+        reg = self._admissible(
+            req.request_id, req.model, prompt_and_resumed, embed=False, queued=not resumed
+        )
         admission.check_continuation(len(resumed), req.stop.max_tokens)
         core = request_from_generate(req, reg.eos_token_ids)
         live = LiveRequest(core=core, model=req.model, sampling=req.sampling)
@@ -204,9 +209,10 @@ class Engine:
         return all([link.scheduler.reset_prefix_cache() for link in self.links.values()])
 
     def _admissible(
-        self, request_id: str, model: str, token_ids: list[int], embed: bool
+        self, request_id: str, model: str, token_ids: list[int], embed: bool, queued: bool = True
     ) -> worker_pb2.Registration:
-        """The model's registration, when a new request may be placed (admission.py's order)."""
+        """The model's registration, when a new request may be placed (admission.py's order);
+        `queued=False` skips the queue limit (a continuation)."""
         if self.link_of(request_id) is not None:
             raise PlacementError(
                 grpc.StatusCode.ALREADY_EXISTS, f"request id {request_id!r} is already in use"
@@ -218,7 +224,7 @@ class Engine:
             known=model in self.known_models,
             embed=embed,
             num_waiting=sum(link.scheduler.num_waiting for link in links),
-            max_waiting=self.config.max_waiting_requests,
+            max_waiting=self.config.max_waiting_requests if queued else sys.maxsize,
         )
         admission.check_prompt(token_ids, reg.vocab_size)
         return reg

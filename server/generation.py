@@ -18,7 +18,7 @@ from server.client import SchedulerClient, ServedModel
 from server.detokenizer import IncrementalDetokenizer
 from server.errors import APIError, from_grpc
 from server.responses import PromptTokensDetails, Usage
-from server.resume import Resumer, admitted, continuation
+from server.resume import Resumer, admitted, broke_link, continuation, waiting_for_workers
 
 FINISH_TIMEOUT_SECONDS = 2.0
 LOGPROB_FLOOR = -9999.0  # vLLM's: JSON has no -inf
@@ -124,6 +124,7 @@ async def run_choice(
     the scheduler is survived by re-submitting the request as a continuation (server/resume.py)."""
     resumer = Resumer(client.reconnect_timeout)
     request = choice.request
+    heard = False  # a response came: usage keeps the first one's cache hit
     while True:
         call = client.stub.Generate(request)
         try:
@@ -132,9 +133,11 @@ async def run_choice(
             elif await _admitted_in_time(call, resumer, client):
                 client.count_resumption("resumed")
                 resumer.resumed()
+            else:
+                await _refused(call, client)  # raises: the call's error, or a 503
             async for response in call:
-                if resumer.attempts == 0:  # usage counts the first admission's cache hit
-                    choice.num_cached_tokens = response.num_cached_tokens
+                if not heard:
+                    choice.num_cached_tokens, heard = response.num_cached_tokens, True
                 if _apply(generation, choice, response):
                     await _finish_early(client.stub, request.request_id)
                 yield
@@ -144,15 +147,24 @@ async def run_choice(
         except grpc.aio.AioRpcError as err:
             delay = resumer.retry_after(err)
             if delay is None:
-                if resumer.resuming:
-                    client.count_resumption("gave_up")
-                raise from_grpc(err) from None
+                if not resumer.resuming:
+                    raise from_grpc(err) from None
+                client.count_resumption("gave_up")
+                if broke_link(err) or waiting_for_workers(err):
+                    raise _gave_up(resumer) from None
+                raise from_grpc(err) from None  # refused (e.g. 400): said as it is
         finally:
             call.cancel()  # no-op when finished; aborts the request when we stop early
         await asyncio.sleep(delay)
         request = continuation(
             choice.request, choice.token_ids, resumer.attempts, choice.prompt_entries is not None
         )
+
+
+def _gave_up(resumer: Resumer) -> APIError:
+    return APIError(
+        503, f"the scheduler did not come back within {resumer.timeout:g} s; retry later"
+    )
 
 
 async def _admitted_in_time(
@@ -162,10 +174,18 @@ async def _admitted_in_time(
         return await asyncio.wait_for(admitted(call), resumer.time_left())
     except TimeoutError:
         client.count_resumption("gave_up")
-        raise APIError(
-            503,
-            f"the scheduler did not come back within {resumer.timeout:g} s; retry later",
-        ) from None
+        raise _gave_up(resumer) from None
+
+
+async def _refused(call: grpc.aio.UnaryStreamCall, client: SchedulerClient) -> None:
+    """A continuation the scheduler did not admit: its call fails (raising the error, which
+    says whether to wait on), unless the scheduler cannot resume at all (one that predates
+    continuations ignores `resumed_token_ids` and would generate from the prompt again: none
+    of its tokens may reach the client)."""
+    async for _ in call:
+        break
+    client.count_resumption("gave_up")
+    raise APIError(503, "the scheduler cannot resume this request (no continuation support)")
 
 
 def _apply(generation: Generation, choice: Choice, response: frontend_pb2.GenerateResponse) -> bool:

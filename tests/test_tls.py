@@ -82,6 +82,8 @@ def test_bad_files_stop_startup_naming_the_flag_and_never_the_key(pki, tmp_path)
         check(TlsFiles(srv.cert, srv.key, str(tmp_path / "missing.pem")), server=True)
     with pytest.raises(TlsConfigError, match="--grpc-tls-key .*not a PEM private key"):
         check(TlsFiles(srv.cert, srv.cert), server=True)
+    with pytest.raises(TlsConfigError, match="is not the unencrypted key of --grpc-tls-cert"):
+        check(TlsFiles(srv.cert, pki["client"].key), server=True)  # another certificate's key
     with pytest.raises(TlsConfigError, match="--grpc-tls-ca alone"):
         check(TlsFiles(ca=pki["ca"].pem), server=True)
     swapped = TlsFiles(srv.key, srv.cert)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import grpc
 
 from kvledger.rpc import CHANNEL_OPTIONS
-from kvledger.tls import TlsFiles, channel
+from kvledger.tls import TlsFiles, channel_credentials, channel_with
 from protos import worker_pb2, worker_pb2_grpc
 from worker.convert import plan_from_wire, result_to_wire
 from worker.executor import Executor
@@ -42,6 +42,7 @@ class WorkerLinkClient:
     ) -> None:
         self.target = target
         self.tls = tls or TlsFiles()
+        self._credentials = channel_credentials(self.tls)  # read once, at startup
         self.registration = registration
         self.executor = executor
         self.metrics = metrics
@@ -51,8 +52,9 @@ class WorkerLinkClient:
     def stop(self) -> None:
         """Ends the link (the scheduler sees a lost worker) and stops reconnecting."""
         self.stopping.set()
-        if self._call is not None:
-            self._call.cancel()
+        call = self._call  # the link's thread may clear it meanwhile
+        if call is not None:
+            call.cancel()
 
     def run_forever(self) -> None:
         """Serve plans; after a lost scheduler, reconnect with an empty KV cache."""
@@ -120,7 +122,7 @@ class WorkerLinkClient:
             while (message := outbox.get()) is not None:
                 yield message
 
-        with channel(self.target, self.tls, CHANNEL_OPTIONS) as grpc_channel:
+        with channel_with(self.target, self._credentials, CHANNEL_OPTIONS) as grpc_channel:
             stub = worker_pb2_grpc.WorkerLinkStub(grpc_channel)
             log.info("connecting to scheduler at %s", self.target)
             if not self._wait_ready(grpc_channel):

@@ -15,6 +15,7 @@ from protos import frontend_pb2, frontend_pb2_grpc
 from server.client import SchedulerClient
 from tests.certs import CA
 from tests.service.helpers import Worker, expected_tokens, running_scheduler, wait_for
+from tests.serving import free_port
 from worker import link
 
 
@@ -101,3 +102,12 @@ def test_mutual_tls_refuses_workers_without_a_certificate_of_its_ca(pki):
             wait_for(lambda: scheduler.engine.links)
         finally:
             worker.stop()
+
+
+def test_a_worker_waiting_for_an_unreachable_scheduler_stops_at_once():
+    worker = Worker(f"127.0.0.1:{free_port()}", "w-alone")  # nothing listens there
+    time.sleep(0.5)
+    started = time.monotonic()
+    worker.stop()
+    assert not worker.thread.is_alive()
+    assert time.monotonic() - started < 1.5
