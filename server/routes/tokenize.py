@@ -22,7 +22,12 @@ class TokenizeRequest(ChatTemplateOptions):
     """Either `prompt` (add_special_tokens defaults to true) or chat `messages` (rendered as
     /v1/chat/completions renders them; add_special_tokens defaults to false)."""
 
-    model_config = ConfigDict(extra="allow")
+    # The example is the documentation's, and the API fuzz test's one certain valid body: a
+    # generated body holds both fields or neither far more often than exactly one.
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={"examples": [{"model": "tiny-llama", "prompt": "The ledger says"}]},
+    )
     model: str
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
