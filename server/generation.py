@@ -125,6 +125,7 @@ async def run_choice(
     resumer = Resumer(client.reconnect_timeout)
     request = choice.request
     heard = False  # a response came: usage keeps the first one's cache hit
+    live_id = request.request_id  # the id the scheduler last admitted
     while True:
         call = client.stub.Generate(request)
         try:
@@ -133,6 +134,10 @@ async def run_choice(
             elif await _admitted_in_time(call, resumer, client):
                 client.count_resumption("resumed")
                 resumer.resumed()
+                # After a network break (not a restart) the old scheduler may still run the
+                # previous attempt until its keepalive notices: end it now.
+                await _finish_early(client.stub, live_id, reason="abort")
+                live_id = request.request_id
             else:
                 await _refused(call, client)  # raises: the call's error, or a 503
             async for response in call:
@@ -210,13 +215,15 @@ def _apply(generation: Generation, choice: Choice, response: frontend_pb2.Genera
     return False
 
 
-async def _finish_early(stub: frontend_pb2_grpc.SchedulerStub, request_id: str) -> None:
+async def _finish_early(
+    stub: frontend_pb2_grpc.SchedulerStub, request_id: str, reason: str = "stop"
+) -> None:
     """A stop string ended a request the scheduler still runs: tell it that the request
     finished (not that its client gave up) before the call is cancelled. If this fails, the
     cancellation still ends the request, counted as an abort."""
     with contextlib.suppress(grpc.aio.AioRpcError):
         await stub.Abort(
-            frontend_pb2.AbortRequest(request_id=request_id, reason="stop"),
+            frontend_pb2.AbortRequest(request_id=request_id, reason=reason),
             timeout=FINISH_TIMEOUT_SECONDS,
         )
 

@@ -61,6 +61,7 @@ class Client:
         self.calls, self.reconnect_timeout = calls, timeout
         self.requests: list[frontend_pb2.GenerateRequest] = []
         self.outcomes: list[str] = []
+        self.aborted: list[tuple[str, str]] = []
         self.stub = self
 
     def Generate(self, request: frontend_pb2.GenerateRequest) -> Call:  # noqa: N802
@@ -69,6 +70,10 @@ class Client:
 
     def count_resumption(self, outcome: str) -> None:
         self.outcomes.append(outcome)
+
+    async def Abort(self, request: frontend_pb2.AbortRequest, timeout: float):  # noqa: ANN201, N802
+        self.aborted.append((request.request_id, request.reason))
+        return frontend_pb2.AbortResponse(aborted=False)
 
 
 def run(client: Client, max_tokens: int = 4) -> tuple[Choice, BaseException | None]:
@@ -104,6 +109,8 @@ def test_a_broken_link_is_resumed_with_the_streamed_tokens_and_nothing_repeats()
     assert client.requests[2].request_id == "r-resume2"
     assert client.outcomes == ["resumed"]
     assert choice.num_cached_tokens == 7  # the first admission's
+    # the attempt whose link broke is ended, in case its scheduler still runs it
+    assert client.aborted == [("r", "abort")]
 
 
 def test_a_scheduler_that_cannot_resume_sends_nothing_to_the_client():
