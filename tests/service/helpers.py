@@ -77,6 +77,23 @@ class ScoringRunner(PositionRunner):
         return Sample(-1 if sample is None else sample.token_id, prompt_logprobs=prompt)
 
 
+def registration(**changes) -> worker_pb2.Registration:
+    """A stand-in worker's registration (model "m", a small pool); `changes` override fields."""
+    fields = dict(
+        worker_id="w0",
+        model_name="m",
+        model_path="/nonexistent",
+        kind=frontend_pb2.MODEL_KIND_GENERATE,
+        block_size=4,
+        num_blocks=64,
+        max_model_len=256,
+        vocab_size=VOCAB,
+        eos_token_ids=[EOS],
+    )
+    fields.update(changes)
+    return worker_pb2.Registration(**fields)
+
+
 class Worker:
     def __init__(
         self,
@@ -87,17 +104,7 @@ class Worker:
         runner: Runner | None = None,
         tls: TlsFiles | None = None,
     ) -> None:
-        reg = worker_pb2.Registration(
-            worker_id=worker_id,
-            model_name="m",
-            model_path="/nonexistent",
-            kind=frontend_pb2.MODEL_KIND_GENERATE,
-            block_size=4,
-            num_blocks=num_blocks,
-            max_model_len=256,
-            vocab_size=vocab_size,
-            eos_token_ids=[EOS],
-        )
+        reg = registration(worker_id=worker_id, num_blocks=num_blocks, vocab_size=vocab_size)
         runner = runner or PositionRunner()
         runner.limits = limits_of(reg)
         metrics = WorkerMetrics("m", worker_id)

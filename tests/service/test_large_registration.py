@@ -10,10 +10,10 @@ import time
 
 import grpc
 
-from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
+from protos import frontend_pb2, frontend_pb2_grpc
 from scheduler_svc.registration import REGISTRATION_LIMITS
 from tests.deploy.tools import REPO
-from tests.service.helpers import PositionRunner, running_scheduler, wait_for
+from tests.service.helpers import PositionRunner, registration, running_scheduler, wait_for
 from tests.serving import free_port
 from worker.executor import Executor
 from worker.link import WorkerLinkClient
@@ -23,16 +23,7 @@ BIG = 1_500_000  # ~1.5-2 s to build here; ~200 MB
 
 
 def _client(target: str, worker_id: str, num_blocks: int) -> WorkerLinkClient:
-    reg = worker_pb2.Registration(
-        worker_id=worker_id,
-        model_name="m",
-        model_path="/nonexistent",
-        kind=frontend_pb2.MODEL_KIND_GENERATE,
-        block_size=16,
-        num_blocks=num_blocks,
-        max_model_len=256,
-        vocab_size=1000,
-    )
+    reg = registration(worker_id=worker_id, block_size=16, num_blocks=num_blocks)
     return WorkerLinkClient(target, reg, Executor(PositionRunner()), WorkerMetrics("m", worker_id))
 
 

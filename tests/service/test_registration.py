@@ -11,8 +11,6 @@ import pytest
 
 from protos import frontend_pb2, worker_pb2
 from tests.service.helpers import (
-    EOS,
-    VOCAB,
     PositionRunner,
     Worker,
     expected_tokens,
@@ -20,25 +18,16 @@ from tests.service.helpers import (
     ledger_idle,
     wait_for,
 )
+from tests.service.helpers import (
+    registration as stand_in_registration,
+)
 from worker.executor import Executor
 from worker.link import WorkerLinkClient
 from worker.metrics import WorkerMetrics
 
 
 def registration(**changes) -> worker_pb2.Registration:
-    fields = dict(
-        worker_id="bad",
-        model_name="m",
-        model_path="/nonexistent",
-        kind=frontend_pb2.MODEL_KIND_GENERATE,
-        block_size=4,
-        num_blocks=64,
-        max_model_len=256,
-        vocab_size=VOCAB,
-        eos_token_ids=[EOS],
-    )
-    fields.update(changes)
-    return worker_pb2.Registration(**fields)
+    return stand_in_registration(**{"worker_id": "bad", **changes})
 
 
 def run_client(target: str, reg: worker_pb2.Registration) -> tuple[WorkerLinkClient, dict]:

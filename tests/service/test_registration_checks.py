@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from protos import frontend_pb2, worker_pb2
+from protos import frontend_pb2
 from scheduler_svc.config import EngineConfig
 from scheduler_svc.errors import PlacementError
 from scheduler_svc.registration import (
@@ -17,20 +17,7 @@ from scheduler_svc.registration import (
     check_well_formed,
     ledger_config,
 )
-
-
-def reg(**changes) -> worker_pb2.Registration:
-    fields = dict(
-        worker_id="w0",
-        model_name="m",
-        kind=frontend_pb2.MODEL_KIND_GENERATE,
-        block_size=4,
-        num_blocks=64,
-        max_model_len=256,
-        vocab_size=1000,
-    )
-    fields.update(changes)
-    return worker_pb2.Registration(**fields)
+from tests.service.helpers import registration as reg
 
 
 def refusal(check, *args) -> PlacementError:  # noqa: ANN001

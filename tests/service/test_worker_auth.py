@@ -10,11 +10,11 @@ import sys
 import threading
 
 from kvledger.flags import SCHEDULER, parse
-from protos import frontend_pb2, worker_pb2
+from protos import worker_pb2
 from scheduler_svc.__main__ import check_worker_auth
 from tests.deploy.compose import compose_argv, compose_env
 from tests.deploy.tools import REPO, run
-from tests.service.helpers import PositionRunner, running_scheduler, wait_for
+from tests.service.helpers import PositionRunner, registration, running_scheduler, wait_for
 from tests.serving import free_port
 from worker.executor import Executor
 from worker.link import WorkerLinkClient
@@ -22,17 +22,7 @@ from worker.metrics import WorkerMetrics
 
 
 def _registration(worker_id: str, token: str) -> worker_pb2.Registration:
-    return worker_pb2.Registration(
-        worker_id=worker_id,
-        model_name="m",
-        model_path="/nonexistent",
-        kind=frontend_pb2.MODEL_KIND_GENERATE,
-        block_size=4,
-        num_blocks=16,
-        max_model_len=64,
-        vocab_size=1000,
-        auth_token=token,
-    )
+    return registration(worker_id=worker_id, num_blocks=16, max_model_len=64, auth_token=token)
 
 
 def _connect(target: str, worker_id: str, token: str) -> BaseException | None:
