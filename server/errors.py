@@ -117,11 +117,17 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return responses
 
 
+def scheduler_unreachable(err: grpc.aio.AioRpcError) -> bool:
+    """The call failed because the scheduler could not be reached (the transport's
+    UNAVAILABLE), not by the scheduler's own answer ("no worker for model ... is up")."""
+    return err.code() == grpc.StatusCode.UNAVAILABLE and "no worker" not in (err.details() or "")
+
+
 def from_grpc(err: grpc.aio.AioRpcError) -> APIError:
     code = err.code()
     status = GRPC_TO_HTTP.get(code, 500)
     details = err.details() or code.name
-    if code == grpc.StatusCode.UNAVAILABLE and "no worker" not in details:
+    if scheduler_unreachable(err):
         # gRPC's details name the scheduler's address and the transport's error: for the log,
         # not for clients
         log.warning("scheduler unavailable: %s", details)

@@ -16,9 +16,9 @@ import grpc
 from protos import frontend_pb2, frontend_pb2_grpc
 from server.client import SchedulerClient, ServedModel
 from server.detokenizer import IncrementalDetokenizer
-from server.errors import APIError, from_grpc
+from server.errors import APIError, from_grpc, scheduler_unreachable
 from server.responses import PromptTokensDetails, Usage
-from server.resume import Resumer, admitted, broke_link, continuation, waiting_for_workers
+from server.resume import Resumer, admitted, continuation, waiting_for_workers
 
 FINISH_TIMEOUT_SECONDS = 2.0
 LOGPROB_FLOOR = -9999.0  # vLLM's: JSON has no -inf
@@ -155,7 +155,7 @@ async def run_choice(
                 if not resumer.resuming:
                     raise from_grpc(err) from None
                 client.count_resumption("gave_up")
-                if broke_link(err) or waiting_for_workers(err):
+                if scheduler_unreachable(err) or waiting_for_workers(err):
                     raise _gave_up(resumer) from None
                 raise from_grpc(err) from None  # refused (e.g. 400): said as it is
         finally:

@@ -28,14 +28,10 @@ import grpc
 
 from kvledger.rpc import ADMITTED
 from protos import frontend_pb2
+from server.errors import scheduler_unreachable
 
 FIRST_RETRY_SECONDS = 0.05
 MAX_RETRY_SECONDS = 0.5
-
-
-def broke_link(err: grpc.aio.AioRpcError) -> bool:
-    """The call failed because the scheduler could not be reached, not by its answer."""
-    return err.code() == grpc.StatusCode.UNAVAILABLE and "no worker" not in (err.details() or "")
 
 
 def waiting_for_workers(err: grpc.aio.AioRpcError) -> bool:
@@ -61,7 +57,7 @@ class Resumer:
         """Seconds to wait before re-submitting, or None: give up and fail with `err`."""
         if self.timeout <= 0 or not self.admitted:
             return None
-        if not (broke_link(err) or (self.resuming and waiting_for_workers(err))):
+        if not (scheduler_unreachable(err) or (self.resuming and waiting_for_workers(err))):
             return None
         now = asyncio.get_running_loop().time()
         if self.deadline is None:
