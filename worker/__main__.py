@@ -109,6 +109,7 @@ def runner_kwargs(settings: WorkerSettings) -> dict[str, Any]:
         max_model_len=settings.max_model_len,
         seed=settings.seed,
         attention_backend=settings.attention_backend,
+        fused_cpu_ops=settings.fused_cpu_ops,
         progress=settings.log_format == "text",  # a progress bar is no JSON line
     )
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
+from worker import native
 from worker.attention import get_backend
 from worker.attention.dense import dense_plan, seq_positions
 from worker.batch import BatchLimits, SeqChunk, StepBatch, prepare_batch
@@ -67,6 +69,7 @@ class ModelRunner:
         progress: bool = True,
         gpu_memory_utilization: float = 0.9,
         tp: TPGroup | None = None,
+        fused_cpu_ops: bool = True,
     ) -> None:
         self.tp = tp = tp or TPGroup()
         default_threads(tp.size if torch.device(device).type == "cpu" else 1)
@@ -97,7 +100,7 @@ class ModelRunner:
 
         self.model = build_model(cfg, self.backend, self.max_model_len, self.dtype, self.device, tp)
         load_weights(self.model, Path(model_path), progress=progress)
-        prepare_for_device(self.model, self.device)
+        prepare_for_device(self.model, self.device, _native_ops(fused_cpu_ops, self.device))
         if size_from_gpu:  # what the weights left of the utilization budget goes to KV
             free, total = torch.cuda.mem_get_info(self.device)
             budget = gpu_kv_budget(total, free, gpu_memory_utilization)
@@ -187,6 +190,18 @@ class ModelRunner:
         batch = prepare_batch(chunks, self.limits, self.device, self.config.sliding_window)
         plan = self.backend.plan(batch.attn)
         return batch, self.model(batch.input_ids, batch.positions, plan)
+
+
+def _native_ops(wanted: bool, device: torch.device) -> ModuleType | None:
+    """The compiled CPU kernels for the decoder's fused steps; None off CPU, when turned off
+    (--no-fused-cpu-ops), or when they do not build here (the torch ops then run, saying so)."""
+    if not wanted or device.type != "cpu":
+        return None
+    ops = native.load()
+    if isinstance(ops, str):
+        log.warning("fused CPU ops: %s; using torch ops", ops)
+        return None
+    return ops
 
 
 def _with_prompt(sample: Sample | None, scored: Sample) -> Sample:

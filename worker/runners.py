@@ -54,11 +54,13 @@ def load_runner(
     max_model_len: int | None = None,
     seed: int = 0,
     attention_backend: str = "torch",
+    fused_cpu_ops: bool = True,
     progress: bool = True,
     tp: TPGroup | None = None,
 ) -> ModelRunner | EmbeddingRunner:
     """The worker's flags, whichever the model: an encoder keeps no KV cache and samples
-    nothing, so the KV sizing, the seed and the attention backend do not reach it."""
+    nothing, so the KV sizing, the seed, the attention backend and the decoder's fused CPU ops
+    do not reach it."""
     model_path = Path(model_path)
     if is_encoder(model_path):
         if tp is not None and tp.size > 1:
@@ -82,6 +84,7 @@ def load_runner(
         max_model_len=max_model_len,
         seed=seed,
         attention_backend=attention_backend,
+        fused_cpu_ops=fused_cpu_ops,
         progress=progress,
         tp=tp,
     )

@@ -14,7 +14,8 @@ import torch
 
 from tests.serving import REPO
 from tests.worker.helpers import make_runner, random_tokens, run_mixed
-from worker.attention import cpu_kernel, get_backend
+from worker import native
+from worker.attention import get_backend
 from worker.attention.cpu_backend import CpuPagedAttention
 from worker.attention.torch_backend import TorchAttention
 from worker.batch import SeqChunk
@@ -22,7 +23,7 @@ from worker.batch import SeqChunk
 
 @pytest.fixture(scope="module")
 def kernel():
-    module = cpu_kernel.load()
+    module = native.load()
     assert not isinstance(module, str), module  # this machine has a compiler: it must build
     return module.paged_decode
 
@@ -145,7 +146,7 @@ def test_auto_picks_the_kernel_on_cpu_and_torch_when_it_cannot_build(
     kernel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert isinstance(get_backend("auto"), CpuPagedAttention)
-    monkeypatch.setattr(cpu_kernel, "load", lambda: "no compiler here")
+    monkeypatch.setattr(native, "load", lambda: "no compiler here")
     assert type(get_backend("auto")) is TorchAttention
     with pytest.raises(ValueError, match="no compiler here"):
         get_backend("cpu")
@@ -156,8 +157,8 @@ def test_auto_picks_the_kernel_on_cpu_and_torch_when_it_cannot_build(
 def test_a_build_lock_left_by_a_killed_builder_does_not_hang_the_next(kernel) -> None:
     """torch's build lock is a plain file: a worker killed mid-build leaves it, and torch's
     loader would wait on it forever. Ours is held by flock, under which a lock file is stale."""
-    (cpu_kernel._build_dir() / "lock").write_text("")
-    code = "from worker.attention import cpu_kernel; m = cpu_kernel.load(); print(type(m).__name__)"
+    (native._build_dir() / "lock").write_text("")
+    code = "from worker import native; m = native.load(); print(type(m).__name__)"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd=REPO
     )

@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from worker.attention import cpu_kernel
+from worker import native
 from worker.attention.base import AttentionBackend, AttentionMetadata
 from worker.attention.cpu_backend import CpuPagedAttention
 from worker.attention.flash_attn_backend import (
@@ -55,7 +55,7 @@ def _cpu_backend(device: torch.device, strict: bool) -> AttentionBackend:
     """The compiled CPU kernel; where it cannot run, an error (`cpu` asked by name) or the
     torch reference with a warning (`auto`)."""
     problem = "it runs on CPU only" if device.type != "cpu" else None
-    kernel = None if problem else cpu_kernel.load()
+    kernel = None if problem else native.load()
     if isinstance(kernel, str):
         problem = kernel
     if problem is None:

@@ -11,6 +11,7 @@ products, computed 1.3-4.9x faster than `F.linear` at decode sizes on a 2-core A
 from __future__ import annotations
 
 import logging
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -98,12 +99,19 @@ class PackedLinear(Linear):
         return y.split(list(self.shard_sizes.values()), dim=-1)
 
 
-def prepare_for_device(model: nn.Module, device: torch.device) -> None:
+def prepare_for_device(
+    model: nn.Module, device: torch.device, native: ModuleType | None = None
+) -> None:
     """After the weights are loaded: on CPU, every layer that has a faster CPU layout takes
-    it (`prepare_for_cpu`). CUDA's GEMMs run either layout at the same speed."""
+    it (`prepare_for_cpu`), and with the compiled CPU kernels (`native`, from
+    `worker/native.py`) every module that can run its steps through them does (`use_native`).
+    CUDA's GEMMs run either layout at the same speed."""
     if device.type != "cpu":
         return
     for module in model.modules():
         prepare = getattr(module, "prepare_for_cpu", None)
         if prepare is not None:
             prepare()
+        use_native = getattr(module, "use_native", None)
+        if native is not None and use_native is not None:
+            use_native(native)

@@ -1,6 +1,13 @@
-"""RMSNorm as Llama computes it (float32, scaled by the weight in the model dtype); LayerNorm."""
+"""RMSNorm as Llama computes it (float32, scaled by the weight in the model dtype); LayerNorm.
+
+On CPU, with the compiled kernels (`worker/native.py`), RMSNorm runs as one call, and the
+residual add before it with it (`add`); elsewhere as the torch ops below, which are the
+reference the kernels are tested against.
+"""
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -12,8 +19,26 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(size), requires_grad=False)
+        self.native: ModuleType | None = None  # set by use_native()
+
+    def use_native(self, ops: ModuleType) -> None:
+        self.native = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            return self.native.rms_norm(x, self.weight, self.eps)
+        return self.reference(x)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): a block's output joins the residual stream,
+        whose new value the next norm reads and the next block's output is added to."""
+        if self.native is not None:
+            normed, summed = self.native.add_rms_norm(x, residual, self.weight, self.eps)
+            return normed, summed
+        summed = residual + x
+        return self.reference(summed), summed
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             # One fused kernel instead of six ops, bit-identical in float32: fewer dispatches,
             # and fewer parallel regions in a prefill, each of which waits for every thread.

@@ -5,10 +5,17 @@ into one matmul each; `packed_modules` tells the loader which checkpoint tensor 
 
 In a tensor-parallel group (`tp`, size > 1) each rank builds the sharded layers of
 `worker/layers/parallel.py`: its query and KV heads, its slice of the MLP and the vocabulary.
+
+The residual stream is carried beside the hidden states from layer to layer, so that each
+residual add is done by the norm that follows it (`RMSNorm.add`): on CPU, with the compiled
+kernels, the add and the norm are one call, as are SiLU-and-mul and the split of the packed
+qkv with RoPE (`use_native`; `worker/csrc/fused.cpp`). The sums are the same as
+transformers' `residual + hidden_states`.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -35,15 +42,25 @@ class LlamaAttention(nn.Module):
         # Bound to this layer's slice of the paged KV memory by the model runner.
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        self.native: ModuleType | None = None  # set by use_native()
+
+    def use_native(self, ops: ModuleType) -> None:
+        self.native = ops
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan: Any
     ) -> torch.Tensor:
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
-        q = apply_rotary(q.view(tokens, self.num_heads, self.head_dim), *rope)
-        k = apply_rotary(k.view(tokens, self.num_kv_heads, self.head_dim), *rope)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        if self.native is not None:
+            q, k, v = self.native.split_rope(
+                qkv, *rope, self.num_heads, self.num_kv_heads, self.head_dim
+            )
+        else:
+            q, k, v = self.qkv_proj.split(qkv)
+            q = apply_rotary(q.view(tokens, self.num_heads, self.head_dim), *rope)
+            k = apply_rotary(k.view(tokens, self.num_kv_heads, self.head_dim), *rope)
+            v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if isinstance(plan, DensePlan):  # an embedding pass: nothing is kept in the cache
             out = dense_attention(q, k, v, plan, self.scale)
         else:
@@ -55,9 +72,15 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
         self.gate_up_proj, self.down_proj = mlp_layers(cfg, tp)
+        self.native: ModuleType | None = None  # set by use_native()
+
+    def use_native(self, ops: ModuleType) -> None:
+        self.native = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        act = silu_and_mul(gate_up) if self.native is None else self.native.silu_and_mul(gate_up)
+        return self.down_proj(act)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -69,10 +92,20 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg, tp)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan: Any
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, plan)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        plan: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it is added); the first
+        layer gets the embeddings as x and no residual."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm.add(x, residual)
+        h, residual = self.post_attention_layernorm.add(self.self_attn(h, rope, plan), residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -95,10 +128,10 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, plan: Any) -> torch.Tensor:
         rope = self.rotary(positions)  # looked up once, used by every layer
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, rope, plan)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, plan)
+        return self.norm(x) if residual is None else self.norm.add(x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -1,12 +1,14 @@
-"""Builds and loads the CPU paged decode kernel (`csrc/paged_decode.cpp`) once per machine.
+"""Builds and loads the worker's compiled CPU kernels (`csrc/`) once per machine.
 
-The kernel is compiled with the local compiler by torch's extension builder into
-`<KVLEDGER_CACHE_DIR>/torch_extensions/`, under a name that carries a digest of the source,
+One module holds them all (`csrc/ops.h` lists them): the paged decode attention kernel
+(`--attention-backend cpu`) and the decoder's fused elementwise steps (`--fused-cpu-ops`).
+It is compiled with the local compiler by torch's extension builder into
+`<KVLEDGER_CACHE_DIR>/torch_extensions/`, under a name that carries a digest of the sources,
 the torch version and this CPU's instruction-set flags: it is built with `-march=native`, so a
 cache directory shared between machines (a volume) never hands one CPU another's binary. A
 build takes ~30-60 s on two cores, once; later starts load it in milliseconds. Where no
-compiler or ninja is available the build fails, `load()` says why, and the caller falls back
-to the torch reference backend.
+compiler or ninja is available the build fails, `load()` says why, and the callers fall back
+to torch: the reference attention backend, the torch ops of `worker/layers/`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / "module.cpp", CSRC / "paged_decode.cpp", CSRC / "fused.cpp"]
+HEADERS = [CSRC / "ops.h"]
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | str] = {}
 
@@ -40,9 +44,11 @@ def _cpu_flags() -> str:
 
 def build_name() -> str:
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), _cpu_flags().encode()):
+    for path in (*SOURCES, *HEADERS):
+        digest.update(path.read_bytes())
+    for part in (torch.__version__.encode(), _cpu_flags().encode()):
         digest.update(part)
-    return f"kvledger_paged_decode_{digest.hexdigest()[:12]}"
+    return f"kvledger_cpu_ops_{digest.hexdigest()[:12]}"
 
 
 def _build_dir() -> Path:
@@ -68,7 +74,7 @@ def _build() -> ModuleType | str:
     flags = ["-O3", "-march=native", "-ffast-math"]
     if torch.backends.openmp.is_available():
         flags.append("-fopenmp")  # at::parallel_for runs serially unless OpenMP is on here too
-    log.info("loading the CPU paged-attention kernel (built once per machine: ~30-60 s)")
+    log.info("loading the compiled CPU kernels (built once per machine: ~30-60 s)")
     try:
         build_dir = _build_dir()
         # torch's own build lock is a file that a builder killed mid-build (a worker stopped
@@ -80,11 +86,11 @@ def _build() -> ModuleType | str:
             (build_dir / "lock").unlink(missing_ok=True)
             return cpp_extension.load(
                 name=build_name(),
-                sources=[str(SOURCE)],
+                sources=[str(path) for path in SOURCES],
                 extra_cflags=flags,
                 build_directory=str(build_dir),
                 verbose=False,
             )
-    except Exception as err:  # noqa: BLE001 - any build failure means: use the torch backend
+    except Exception as err:  # noqa: BLE001 - any build failure means: use torch instead
         reason = str(err).strip().splitlines()
-        return f"the CPU paged-attention kernel did not build: {reason[-1] if reason else err}"
+        return f"the compiled CPU kernels did not build: {reason[-1] if reason else err}"

@@ -6,7 +6,7 @@
 // that KV head together, so every key and value row is read once for all of them. Softmax is
 // computed online a block at a time (one rescale per block, not per key) in float32, whatever
 // the cache dtype.
-#include <torch/extension.h>
+#include "ops.h"
 
 #include <ATen/Parallel.h>
 
@@ -15,6 +15,7 @@
 #include <limits>
 #include <vector>
 
+namespace kvledger {
 namespace {
 
 // kD: the head dimension when known at compile time (the common 32, 64, 128: the dot products
@@ -95,6 +96,8 @@ void decode_kernel(
   });
 }
 
+}  // namespace
+
 // q [n, H, D]; caches [num_blocks, block_size, Hkv, D]; block_tables [n, width] int64;
 // context_lens [n] int64 (keys visible to each query: its position + 1); window 0 = none.
 at::Tensor paged_decode(
@@ -129,8 +132,4 @@ at::Tensor paged_decode(
   return out;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention over the KV cache in place");
-}
+}  // namespace kvledger

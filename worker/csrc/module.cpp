@@ -1,0 +1,13 @@
+// The Python module: one binding per kernel of ops.h.
+#include "ops.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &kvledger::paged_decode,
+        "paged decode attention over the KV cache in place");
+  m.def("rms_norm", &kvledger::rms_norm, "RMSNorm as Llama computes it");
+  m.def("add_rms_norm", &kvledger::add_rms_norm,
+        "(RMSNorm(x + residual), x + residual): a residual add and the next norm in one pass");
+  m.def("silu_and_mul", &kvledger::silu_and_mul, "SiLU(gate) * up of a packed [gate | up]");
+  m.def("split_rope", &kvledger::split_rope,
+        "packed qkv -> q, k rotated (rotate-half RoPE) and v, each contiguous");
+}

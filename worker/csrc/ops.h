@@ -1,0 +1,24 @@
+// The CPU kernels of the worker's compiled module (worker/native.py builds it once per machine).
+#pragma once
+
+#include <torch/extension.h>
+
+#include <vector>
+
+namespace kvledger {
+
+// paged_decode.cpp: decode attention over the paged KV cache, read in place.
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_tables, const at::Tensor& context_lens,
+                        int64_t window, double scale);
+
+// fused.cpp: the decoder's elementwise steps, one pass over memory and one call each.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::vector<at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                     const at::Tensor& weight, double eps);
+at::Tensor silu_and_mul(const at::Tensor& gate_up);
+std::vector<at::Tensor> split_rope(const at::Tensor& qkv, const at::Tensor& cos,
+                                   const at::Tensor& sin, int64_t num_heads,
+                                   int64_t num_kv_heads, int64_t head_dim);
+
+}  // namespace kvledger
