@@ -100,7 +100,8 @@ class ModelRunner:
 
         self.model = build_model(cfg, self.backend, self.max_model_len, self.dtype, self.device, tp)
         load_weights(self.model, Path(model_path), progress=progress)
-        prepare_for_device(self.model, self.device, _native_ops(fused_cpu_ops, self.device))
+        ops = _native_ops(fused_cpu_ops, self.device)
+        prepare_for_device(self.model, self.device, ops)
         if size_from_gpu:  # what the weights left of the utilization budget goes to KV
             free, total = torch.cuda.mem_get_info(self.device)
             budget = gpu_kv_budget(total, free, gpu_memory_utilization)
@@ -113,7 +114,7 @@ class ModelRunner:
         ):
             layer.k_cache, layer.v_cache = k, v
         self.limits = BatchLimits(block_size, self.num_blocks, self.vocab_size, self.max_model_len)
-        self.sampler = Sampler(seed)
+        self.sampler = Sampler(seed, ops)
         log.info(
             "model %s: %s, %d layers, %s, %d KV blocks of %d tokens (%.1f MiB)",
             model_path,

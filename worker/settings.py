@@ -63,9 +63,9 @@ class WorkerSettings(
     )
     fused_cpu_ops: bool = option(
         True,
-        "on CPU, run the decoder's RMSNorm (with its residual add), RoPE and SiLU-and-mul as "
-        "compiled kernels (built once per machine, with --attention-backend cpu's); "
-        "--no-fused-cpu-ops runs them as torch ops",
+        "on CPU, run the decoder's RMSNorm (with its residual add), RoPE, SiLU-and-mul and "
+        "the greedy argmax as compiled kernels (built once per machine, with "
+        "--attention-backend cpu's); --no-fused-cpu-ops runs them as torch ops",
     )
     seed: int = option(0, "base random seed")
     worker_id: str | None = option(None, "name of this worker (default: host-pid)")

@@ -157,3 +157,30 @@ def test_a_failed_build_falls_back_to_torch_ops(
     assert "fused CPU ops: no compiler here; using torch ops" in caplog.text
     got = full_logits(runner, [101, 2023, 2003])
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_rows_equals_torch_and_takes_the_first_of_ties(ops, dtype: torch.dtype) -> None:
+    logits = torch.randn(9, 30522).to(dtype)
+    logits[3, 17] = logits[3, 4000] = 50.0  # a tie: the first index wins, as in torch
+    logits[5] = -1.0  # a flat row: index 0
+    logits[6, -1] = 60.0  # the last column
+    got = ops.argmax_rows(logits)
+    assert got.dtype == torch.long
+    assert got.tolist() == logits.argmax(dim=-1).tolist()
+    assert got[3] == 17 and got[5] == 0 and got[6] == 30521
+
+
+def test_the_greedy_sampler_uses_the_kernel_and_still_fails_nonfinite_rows(ops) -> None:
+    from worker.batch import SeqChunk
+    from worker.sampler import NONFINITE_LOGITS, Sampler
+
+    logits = torch.randn(4, 300)
+    logits[2, 7] = float("nan")
+    chunks = [SeqChunk(f"r{i}", [1], 3, [0], True) for i in range(4)]
+    fused, plain = Sampler(0, ops)(logits, chunks), Sampler(0)(logits, chunks)
+    assert [s.token_id for s in fused] == [s.token_id for s in plain]
+    assert fused[2].error == NONFINITE_LOGITS
+    assert [s.token_id for i, s in enumerate(fused) if i != 2] == [
+        int(logits[i].argmax()) for i in (0, 1, 3)
+    ]

@@ -1,5 +1,6 @@
 // The decoder's elementwise steps as single passes: RMSNorm (with the residual add before it),
-// SiLU-and-mul, and the split of the packed qkv projection with RoPE applied to q and k.
+// SiLU-and-mul, and the split of the packed qkv projection with RoPE applied to q and k; and
+// the greedy sampler's argmax.
 //
 // In torch each of these is 3-10 ops, and at decode sizes (one to a few dozen rows of a few
 // hundred values) every op costs more in dispatch and allocation than in arithmetic: a batch-1
@@ -180,6 +181,33 @@ std::vector<at::Tensor> split_rope(const at::Tensor& qkv, const at::Tensor& cos,
     });
   });
   return {q, k, v};
+}
+
+// [N, V] -> [N] int64: the index of each row's largest value, the first one where several tie
+// (torch.argmax's rule). torch's CPU argmax over a row of a 30k vocabulary runs ~18x slower
+// than a sum over it (0.37 ms for 16 rows here): this takes the row's max, vectorized, then
+// finds its first occurrence. Rows must be finite: the sampler masks the rows that are not
+// before it draws (with fast math, NaN compares are not kept).
+at::Tensor argmax_rows(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0, "argmax_rows: logits must be [N, V]");
+  const at::Tensor x = logits.contiguous();
+  const int64_t rows = x.size(0), V = x.size(1);
+  at::Tensor out = at::empty({rows}, x.options().dtype(at::kLong));
+  int64_t* op = out.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "argmax_rows", [&] {
+    const scalar_t* src = x.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* row = src + r * V;
+        float best = static_cast<float>(row[0]);
+        for (int64_t i = 1; i < V; ++i) best = std::max(best, static_cast<float>(row[i]));
+        int64_t at = 0;
+        while (at < V - 1 && static_cast<float>(row[at]) != best) ++at;
+        op[r] = at;
+      }
+    });
+  });
+  return out;
 }
 
 }  // namespace kvledger

@@ -10,4 +10,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &kvledger::silu_and_mul, "SiLU(gate) * up of a packed [gate | up]");
   m.def("split_rope", &kvledger::split_rope,
         "packed qkv -> q, k rotated (rotate-half RoPE) and v, each contiguous");
+  m.def("argmax_rows", &kvledger::argmax_rows,
+        "each row's first largest value's index (finite rows)");
 }

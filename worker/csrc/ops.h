@@ -20,5 +20,6 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up);
 std::vector<at::Tensor> split_rope(const at::Tensor& qkv, const at::Tensor& cos,
                                    const at::Tensor& sin, int64_t num_heads,
                                    int64_t num_kv_heads, int64_t head_dim);
+at::Tensor argmax_rows(const at::Tensor& logits);
 
 }  // namespace kvledger
