@@ -29,10 +29,10 @@ class LMHead(nn.Module):
         self.tied = tied_to is not None
         self.cpu_matmul: CpuMatmul | None = None  # set by prepare_for_cpu()
 
-    def prepare_for_cpu(self) -> None:
+    def prepare_for_cpu(self, both_layouts: bool = False) -> None:
         """The LM head is the one large matmul of a small model's decode step (see
         `CpuMatmul`). A tied head keeps the embedding's weight for lookups: one extra copy."""
-        self.cpu_matmul = CpuMatmul(self.weight.data)
+        self.cpu_matmul = CpuMatmul(self.weight.data, both_layouts)
         if not self.tied:
             release(self.weight)
 
