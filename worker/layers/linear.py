@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker.layers.native_ops import UsesNative
+
 log = logging.getLogger(__name__)
 
 # Below this many weights oneDNN's per-call cost (~10 us) outweighs its faster kernel at one
@@ -131,5 +133,5 @@ def prepare_for_device(
         module.prepare_for_cpu(both)
     if native is not None:
         for module in model.modules():
-            if hasattr(module, "use_native"):
+            if isinstance(module, UsesNative):
                 module.use_native(native)

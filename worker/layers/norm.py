@@ -7,22 +7,18 @@ reference the kernels are tested against.
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker.layers.native_ops import UsesNative
 
-class RMSNorm(nn.Module):
+
+class RMSNorm(nn.Module, UsesNative):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(size), requires_grad=False)
-        self.native: ModuleType | None = None  # set by use_native()
-
-    def use_native(self, ops: ModuleType) -> None:
-        self.native = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None:

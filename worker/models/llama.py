@@ -15,7 +15,6 @@ transformers' `residual + hidden_states`.
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -26,12 +25,13 @@ from worker.attention.dense import DensePlan, dense_attention
 from worker.config import ModelConfig
 from worker.distributed import TPGroup
 from worker.layers.activation import silu_and_mul
+from worker.layers.native_ops import UsesNative
 from worker.layers.norm import RMSNorm
 from worker.layers.parallel import attention_layers, mlp_layers, vocab_layers
 from worker.layers.rotary import RotaryEmbedding, apply_rotary
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(nn.Module, UsesNative):
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend, tp: TPGroup) -> None:
         super().__init__()
         # this rank's heads (all of them in a single process)
@@ -42,10 +42,6 @@ class LlamaAttention(nn.Module):
         # Bound to this layer's slice of the paged KV memory by the model runner.
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
-        self.native: ModuleType | None = None  # set by use_native()
-
-    def use_native(self, ops: ModuleType) -> None:
-        self.native = ops
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], plan: Any
@@ -68,14 +64,10 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out.reshape(tokens, -1))
 
 
-class LlamaMLP(nn.Module):
+class LlamaMLP(nn.Module, UsesNative):
     def __init__(self, cfg: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
         self.gate_up_proj, self.down_proj = mlp_layers(cfg, tp)
-        self.native: ModuleType | None = None  # set by use_native()
-
-    def use_native(self, ops: ModuleType) -> None:
-        self.native = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
