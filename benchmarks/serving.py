@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -30,7 +31,8 @@ from tests.serving import start_serve  # noqa: E402
 def kvledger(caching: bool, wl: Workload, args: argparse.Namespace) -> Summary:
     flag = "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"
     with tempfile.TemporaryDirectory() as tmp:
-        served = start_serve(Path(tmp), flag, debug_invariants=False)
+        extra = shlex.split(args.serve_args)
+        served = start_serve(Path(tmp), flag, *extra, debug_invariants=False)
         try:
             name = f"kvledger cache {'on' if caching else 'off'}"
             return asyncio.run(
@@ -72,6 +74,12 @@ def main() -> None:
     ap.add_argument("--request-rate", type=float, help="Poisson arrivals per second")
     ap.add_argument("--compare-prefix-caching", action="store_true")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument(
+        "--serve-args",
+        default="",
+        help="more flags for the kvledger it starts, e.g. '--device cuda --dtype bfloat16 "
+        "--block-size 256'",
+    )
     args = ap.parse_args()
     wl = Workload(args.dataset, args.requests, args.prefix_len, args.suffix_len, args.max_tokens)
     if args.url:

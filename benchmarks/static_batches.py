@@ -2,7 +2,10 @@
 
 Run by benchmarks/peers.py in a child process (its peak memory is then its own):
 
-    python benchmarks/static_batches.py MODEL_DIR WORKLOAD_JSON C1_WORKLOAD_JSON THREADS
+    python benchmarks/static_batches.py MODEL_DIR WORKLOAD_JSON C1_WORKLOAD_JSON THREADS \
+        [DEVICE [DTYPE]]
+
+DEVICE (default cpu; cuda for a GPU) and DTYPE (default float32) are the model's.
 
 Batches of 16 (and of 1 for the concurrency-1 figure) of the workload's token-id prompts, all of
 one length, greedy, exactly max_tokens new tokens each (min_new_tokens = max_new_tokens). Prints
@@ -25,8 +28,10 @@ from benchmarks.load import Workload  # noqa: E402
 
 def main() -> None:
     model_dir, wl_json, c1_json, threads = sys.argv[1:5]
+    device, dtype = (sys.argv[5:] + ["cpu", "float32"][len(sys.argv[5:]) :])[:2]
     torch.set_num_threads(int(threads))
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    model = model.to(device).eval()
     tok_s, first = {}, []
     for batch_size, wl in (
         (16, Workload(**json.loads(wl_json))),
@@ -35,7 +40,7 @@ def main() -> None:
         prompts = wl.prompts()
         tokens, start = 0, time.perf_counter()
         for i in range(0, len(prompts), batch_size):
-            ids = torch.tensor(prompts[i : i + batch_size])
+            ids = torch.tensor(prompts[i : i + batch_size], device=device)
             with torch.inference_mode():
                 out = model.generate(
                     ids,

@@ -42,7 +42,7 @@ from worker.batch import SeqChunk
 from worker.model_runner import DTYPES as TORCH_DTYPES
 from worker.model_runner import ModelRunner
 
-BLOCK_SIZE = 16
+BLOCK_SIZE = 16  # the default; flash-attn (CUDA) needs 256
 SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -60,8 +60,8 @@ def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return torch.randint(1000, vocab, (batch, length), generator=gen).tolist()
 
 
-def tables(batch: int, tokens: int) -> list[list[int]]:
-    per_seq = -(-tokens // BLOCK_SIZE)
+def tables(batch: int, tokens: int, block_size: int) -> list[list[int]]:
+    per_seq = -(-tokens // block_size)
     return [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
 
 
@@ -100,14 +100,15 @@ def kvl_tokens(runner: ModelRunner, chunks: list[SeqChunk]) -> list[int]:
 
 
 def kvl_prefill(runner: ModelRunner, batch: int, length: int) -> Step:
-    ids, blocks = prompts(batch, length, runner.vocab_size, 1), tables(batch, length)
+    ids = prompts(batch, length, runner.vocab_size, 1)
+    blocks = tables(batch, length, runner.block_size)
     chunks = [SeqChunk(f"p{i}", ids[i], 0, blocks[i], True) for i in range(batch)]
     return Step(lambda: kvl_tokens(runner, chunks))
 
 
 def kvl_decode(runner: ModelRunner, batch: int, context: int) -> Step:
     ids = prompts(batch, context + 1, runner.vocab_size, 2)
-    blocks = tables(batch, context + 1)
+    blocks = tables(batch, context + 1, runner.block_size)
     runner.execute([SeqChunk(f"d{i}", ids[i][:context], 0, blocks[i], False) for i in range(batch)])
     # every run computes position `context` again (rewriting its slot): the same context each time
     chunks = [SeqChunk(f"d{i}", [ids[i][context]], context, blocks[i], True) for i in range(batch)]
@@ -115,7 +116,7 @@ def kvl_decode(runner: ModelRunner, batch: int, context: int) -> Step:
 
 
 def hf_prefill(model, batch: int, length: int) -> Step:
-    ids = torch.tensor(prompts(batch, length, model.config.vocab_size, 1))
+    ids = torch.tensor(prompts(batch, length, model.config.vocab_size, 1), device=model.device)
 
     @torch.inference_mode()
     def run() -> list[int]:
@@ -126,7 +127,7 @@ def hf_prefill(model, batch: int, length: int) -> Step:
 
 
 def hf_decode(model, batch: int, context: int) -> Step:
-    ids = torch.tensor(prompts(batch, context + 1, model.config.vocab_size, 2))
+    ids = torch.tensor(prompts(batch, context + 1, model.config.vocab_size, 2), device=model.device)
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -147,7 +148,7 @@ def hf_decode(model, batch: int, context: int) -> Step:
 def run(args: argparse.Namespace) -> tuple[list[Row], str]:
     model_dir = ensure_tiny_llama()
     longest = max(args.prompt_len, args.context_len + 1)
-    num_blocks = max(args.batch_sizes) * -(-longest // BLOCK_SIZE)
+    num_blocks = max(args.batch_sizes) * -(-longest // args.block_size)
     rows = {
         (phase, b): Row(phase, b, b * (args.prompt_len if phase == "prefill" else 1), {}, {})
         for phase in ("prefill", "decode")
@@ -157,13 +158,15 @@ def run(args: argparse.Namespace) -> tuple[list[Row], str]:
     for dtype in args.dtypes:
         runner = ModelRunner(
             model_dir,
-            block_size=BLOCK_SIZE,
+            block_size=args.block_size,
             num_blocks=num_blocks,
             dtype=dtype,
+            device=args.device,
             progress=False,
             attention_backend=args.attention_backend,
         )
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=TORCH_DTYPES[dtype]).eval()
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=TORCH_DTYPES[dtype])
+        hf = hf.to(args.device).eval()
         attn = hf.config._attn_implementation
         if args.threads:  # after ModelRunner, which sets its default; one setting for both
             torch.set_num_threads(args.threads)
@@ -220,10 +223,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--dtypes", default="float32,bfloat16", type=lambda s: s.split(","))
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--device", default="cpu", help="torch device of both engines (cuda)")
+    parser.add_argument(
+        "--block-size", type=int, default=BLOCK_SIZE, help="kvledger's KV block (flash-attn: 256)"
+    )
     parser.add_argument(
         "--attention-backend",
         default="auto",
-        help="kvledger's backend (auto, what the worker serves with: the CPU kernel; torch)",
+        help="kvledger's backend (auto, what the worker serves with: the CPU kernel, or on "
+        "CUDA flash-attn where it runs; torch; flash_attn)",
     )
     args = parser.parse_args()
     for d in args.dtypes:
@@ -232,8 +240,9 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     rows, attn = run(args)
     print(
-        f"tiny-llama, block size {BLOCK_SIZE}, prompt {args.prompt_len} tokens, decode "
-        f"context {args.context_len}, median of {args.repeats}, "
+        f"tiny-llama on {args.device}, block size {args.block_size}, "
+        f"prompt {args.prompt_len} tokens, decode context {args.context_len}, "
+        f"median of {args.repeats}, "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
         f"transformers {transformers.__version__} (attention: {attn})"
     )

@@ -3,6 +3,7 @@ KV pool small enough to force preemption; quiescence leaves an empty ledger."""
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 
 import openai
@@ -79,5 +80,72 @@ def test_greedy_matches_reference_under_preemption(tmp_path, reference, caching)
         assert metric_sum(samples, "kvledger_tracker_orphans_total") == 0
         hits = metric_sum(samples, "kvledger_prefix_cache_hits_total")
         assert (hits > 0) == (caching == "--enable-prefix-caching")
+    finally:
+        served.stop()
+
+
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)"
+)
+
+
+@needs_cuda
+@pytest.mark.parametrize("caching", ["--enable-prefix-caching", "--no-enable-prefix-caching"])
+def test_greedy_on_cuda_matches_reference_under_preemption(tmp_path, reference, caching):
+    """The same, with the worker on the GPU (float32, torch attention backend)."""
+    served = start_serve(
+        tmp_path, caching, "--num-kv-blocks", "24", "--max-num-seqs", "8", "--device", "cuda"
+    )
+    try:
+        assert run_concurrently(served.url) == reference
+        samples = scrape(served.scheduler_metrics_url)
+        assert metric_sum(samples, "kvledger_num_preemptions_total") > 0
+        assert metric_sum(samples, "kvledger_kv_blocks_in_use") == 0
+        assert metric_sum(samples, "kvledger_tracker_entries") == 0
+    finally:
+        served.stop()
+
+
+@needs_cuda
+@pytest.mark.skipif(
+    importlib.util.find_spec("flash_attn") is None, reason="needs the flash-attn package"
+)
+def test_flash_attn_serving_under_preemption_leaks_nothing(tmp_path):
+    """bfloat16 through flash-attn with 256-token blocks: 8 requests share a one-block prefix
+    and each grows into a third block, which 12 blocks cannot hold at once, so preemption,
+    prefix hits, and an empty ledger after. (The numerics are tests/worker/test_cuda.py's:
+    flash-attn against the torch backend per layer, and greedy up to rounding.)"""
+    served = start_serve(
+        tmp_path,
+        *("--num-kv-blocks", "12", "--block-size", "256", "--max-num-seqs", "8"),
+        *("--device", "cuda", "--dtype", "bfloat16", "--attention-backend", "flash_attn"),
+    )
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0, timeout=300)
+    shared = [1000 + i for i in range(256)]
+    lengths: list[int] = [0] * 8
+
+    def one(i: int) -> None:
+        out = client.completions.create(
+            model=MODEL,
+            prompt=shared + [5000 + 10 * i + j for j in range(10)],
+            max_tokens=250,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        lengths[i] = out.usage.completion_tokens
+
+    try:
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert lengths == [250] * 8
+        samples = scrape(served.scheduler_metrics_url)
+        assert metric_sum(samples, "kvledger_num_preemptions_total") > 0
+        assert metric_sum(samples, "kvledger_prefix_cache_hits_total") > 0
+        assert metric_sum(samples, "kvledger_kv_blocks_in_use") == 0
+        assert metric_sum(samples, "kvledger_tracker_entries") == 0
+        assert metric_sum(samples, "kvledger_tracker_orphans_total") == 0
     finally:
         served.stop()

@@ -27,6 +27,7 @@ SMALL = dict(
 # name -> (transformers model family, config overrides on top of SMALL)
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("llama", {}),
+    "llama_long": ("llama", dict(max_position_embeddings=2048)),  # for 256-token blocks
     "llama_tied_bias": (
         "llama",
         dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=True, head_dim=32),
@@ -134,30 +135,32 @@ def use_backend(runner: ModelRunner, backend: AttentionBackend) -> ModelRunner:
     return runner
 
 
-def run_mixed(runner: ModelRunner) -> torch.Tensor:
+def run_mixed(runner: ModelRunner, scale: int = 1) -> torch.Tensor:
     """A decode-only step, then one mixed step: a fresh prefill, a chunk over a cached prefix,
-    two decodes of different lengths, and a request hitting a block written in this step."""
-    bs = runner.block_size
-    prompts = {
-        name: random_tokens(n, 256, seed=60 + i)
-        for i, (name, n) in enumerate([("p", 20), ("c", 45), ("d1", 30), ("d2", 3), ("s", 20)])
-    }
+    two decodes of different lengths, and a request hitting a block written in this step.
+
+    `scale` multiplies every length, for block sizes of 16 * scale (flash-attn's 256: 16); the
+    decodes stay one token each."""
+    bs, u = runner.block_size, scale
+    lengths = [("p", 20 * u), ("c", 45 * u), ("d1", 28 * u + 2), ("d2", u + 2), ("s", 20 * u)]
+    prompts = {name: random_tokens(n, 256, seed=60 + i) for i, (name, n) in enumerate(lengths)}
     prompts["s"] = prompts["p"][:bs] + prompts["s"]  # shares p's first block
     tables: dict[str, list[int]] = {}
     free = iter(range(runner.num_blocks))
     for name in ("p", "c", "d1", "d2", "s"):
         tables[name] = [next(free) for _ in range(-(-len(prompts[name]) // bs))]
     tables["s"][0] = tables["p"][0]
-    prior = {"c": 29, "d1": 28, "d2": 1}
+    prior = {"c": 29 * u, "d1": 28 * u, "d2": u}
     runner.execute([SeqChunk(n, prompts[n][:k], 0, tables[n], False) for n, k in prior.items()])
     decodes = runner.logits_for(
-        [SeqChunk(n, [prompts[n][k]], k, tables[n], True) for n, k in (("d1", 28), ("d2", 1))]
+        [SeqChunk(n, [prompts[n][prior[n]]], prior[n], tables[n], True) for n in ("d1", "d2")]
     )
+    d1, c, d2 = prior["d1"] + 1, prior["c"], prior["d2"] + 1
     mixed = [
-        SeqChunk("d1", prompts["d1"][29:], 29, tables["d1"], True),
+        SeqChunk("d1", prompts["d1"][d1:], d1, tables["d1"], True),
         SeqChunk("p", prompts["p"], 0, tables["p"], True),
-        SeqChunk("c", prompts["c"][29:], 29, tables["c"], True),
-        SeqChunk("d2", prompts["d2"][2:], 2, tables["d2"], True),
+        SeqChunk("c", prompts["c"][c:], c, tables["c"], True),
+        SeqChunk("d2", prompts["d2"][d2:], d2, tables["d2"], True),
         # same-step sharing: reads p's first block, which p writes in this very step
         SeqChunk("s", prompts["s"][bs:], bs, tables["s"], True),
     ]
@@ -208,3 +211,59 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], steps: int) -> list[int
             pad_token_id=0,
         )
     return out[0, len(prompt) :].tolist()
+
+
+def attention_steps(
+    backend: AttentionBackend,
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    window: int | None = None,
+    block_size: int = 256,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`backend` and the float32 torch backend on the same random paged cache, queries and new
+    K/V: a decode-only step over contexts of one to four blocks in scattered tables, then a
+    mixed step (a fresh prefill, a chunk over a cached prefix, decodes). One layer, no model
+    around it, so a wrong block, slot or head shows at full size. Returns (got, float32 ref)."""
+    from worker.attention.torch_backend import TorchAttention
+    from worker.batch import BatchLimits, prepare_batch
+
+    bs, u = block_size, block_size // 16
+    gen = torch.Generator().manual_seed(7)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device)
+
+    k_cache, v_cache = rand(24, bs, kv_heads, head_dim), rand(24, bs, kv_heads, head_dim)
+    caches = {"got": (k_cache.to(dtype), v_cache.to(dtype)), "ref": (k_cache, v_cache)}
+    limits = BatchLimits(bs, 24, 256, 64 * bs)
+    steps = [
+        [
+            SeqChunk("a", [1], 18 * u + 11, [3, 7], True),
+            SeqChunk("b", [1], 37 * u + 5, [0, 5, 9], True),
+            SeqChunk("c", [1], u + 1, [11], True),
+            SeqChunk("d", [1], 63 * u, [12, 2, 13, 14], True),
+        ],
+        [
+            SeqChunk("a", [1], 18 * u + 12, [3, 7], True),
+            SeqChunk("p", [1] * 20 * u, 0, [15, 16], True),
+            SeqChunk("b", [1] * 6 * u, 37 * u + 6, [0, 5, 9], True),
+            SeqChunk("c", [1], u + 2, [11], True),
+        ],
+    ]
+    outs: dict[str, list[torch.Tensor]] = {"got": [], "ref": []}
+    ref_backend = TorchAttention()
+    for chunks in steps:
+        meta = prepare_batch(chunks, limits, torch.device(device), window).attn
+        tokens = int(meta.slot_mapping.numel())
+        q = rand(tokens, heads, head_dim)
+        k, v = rand(tokens, kv_heads, head_dim), rand(tokens, kv_heads, head_dim)
+        for name, be, dt in (("got", backend, dtype), ("ref", ref_backend, torch.float32)):
+            kc, vc = caches[name]
+            plan = be.plan(meta)
+            out = be.forward(q.to(dt), k.to(dt), v.to(dt), kc, vc, plan, head_dim**-0.5)
+            outs[name].append(out.float().reshape(tokens, -1))
+    return torch.cat(outs["got"]), torch.cat(outs["ref"])

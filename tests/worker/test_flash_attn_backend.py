@@ -15,7 +15,13 @@ import pytest
 import torch
 
 from tests.worker import flash_attn_standin as standin
-from tests.worker.helpers import make_runner, random_tokens, run_mixed, use_backend
+from tests.worker.helpers import (
+    attention_steps,
+    make_runner,
+    random_tokens,
+    run_mixed,
+    use_backend,
+)
 from worker.attention import flash_attn_backend as fa
 from worker.attention import get_backend
 from worker.attention.flash_attn_backend import FlashAttention, FlashAttnUnsupported
@@ -64,6 +70,37 @@ def test_adapter_equals_torch_backend(
     got = run_mixed(flash)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     assert flash_attn.calls["kvcache"] > 0 and flash_attn.calls["varlen"] > 0
+
+
+def test_adapter_equals_torch_backend_with_256_token_blocks(flash_attn, hf_checkpoint) -> None:
+    """The mixed steps at upstream's block size (every length x16: prompts of hundreds of
+    tokens, a cached prefix over several blocks), as tests/worker/test_cuda.py runs them on a
+    GPU with the real package."""
+    path: Path = hf_checkpoint("llama_long")
+    expected = run_mixed(make_runner(path, num_blocks=24, block_size=256), scale=16)
+    flash = use_backend(make_runner(path, num_blocks=24, block_size=256), FlashAttention())
+    got = run_mixed(flash, scale=16)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert flash_attn.calls["kvcache"] > 0 and flash_attn.calls["varlen"] > 0
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 2, 64), (8, 2, 32), (4, 4, 80)])
+@pytest.mark.parametrize("window", [None, 40])
+def test_adapter_equals_torch_backend_per_layer(
+    flash_attn, heads: int, kv_heads: int, head_dim: int, window: int | None
+) -> None:
+    """One layer's attention over scattered multi-block tables, as test_cuda.py runs it with
+    the real package on a GPU."""
+    got, ref = attention_steps(
+        FlashAttention(),
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=torch.float32,
+        window=window,
+    )
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    assert flash_attn.calls["kvcache"] == 1 and flash_attn.calls["varlen"] == 1
 
 
 def test_block_size_256_and_bfloat16(flash_attn, tiny_llama_dir: Path) -> None:
