@@ -96,16 +96,18 @@ class ContinueRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., written: _Optional[_Iterable[_Union[BlockHash, _Mapping]]] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("step_id", "new_requests", "continuing", "dropped_request_ids")
+    __slots__ = ("step_id", "new_requests", "continuing", "dropped_request_ids", "then")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CONTINUING_FIELD_NUMBER: _ClassVar[int]
     DROPPED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    THEN_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     continuing: _containers.RepeatedCompositeFieldContainer[ContinueRequest]
     dropped_request_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., continuing: _Optional[_Iterable[_Union[ContinueRequest, _Mapping]]] = ..., dropped_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    then: _containers.RepeatedCompositeFieldContainer[Plan]
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., continuing: _Optional[_Iterable[_Union[ContinueRequest, _Mapping]]] = ..., dropped_request_ids: _Optional[_Iterable[str]] = ..., then: _Optional[_Iterable[_Union[Plan, _Mapping]]] = ...) -> None: ...
 
 class SampledToken(_message.Message):
     __slots__ = ("request_id", "token_id", "logprob")
@@ -144,7 +146,7 @@ class RequestEmbedding(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "sampled", "errors", "embeddings", "stale_request_ids", "stored", "removed_block_ids", "all_cleared", "step_seconds", "prompt_logprobs")
+    __slots__ = ("step_id", "sampled", "errors", "embeddings", "stale_request_ids", "stored", "removed_block_ids", "all_cleared", "step_seconds", "prompt_logprobs", "then")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +157,7 @@ class StepResult(_message.Message):
     ALL_CLEARED_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    THEN_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     sampled: _containers.RepeatedCompositeFieldContainer[SampledToken]
     errors: _containers.RepeatedCompositeFieldContainer[RequestError]
@@ -165,4 +168,5 @@ class StepResult(_message.Message):
     all_cleared: bool
     step_seconds: float
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[PromptLogprobs]
-    def __init__(self, step_id: _Optional[int] = ..., sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[RequestError, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[RequestEmbedding, _Mapping]]] = ..., stale_request_ids: _Optional[_Iterable[str]] = ..., stored: _Optional[_Iterable[_Union[BlockHash, _Mapping]]] = ..., removed_block_ids: _Optional[_Iterable[int]] = ..., all_cleared: _Optional[bool] = ..., step_seconds: _Optional[float] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobs, _Mapping]]] = ...) -> None: ...
+    then: _containers.RepeatedCompositeFieldContainer[StepResult]
+    def __init__(self, step_id: _Optional[int] = ..., sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[RequestError, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[RequestEmbedding, _Mapping]]] = ..., stale_request_ids: _Optional[_Iterable[str]] = ..., stored: _Optional[_Iterable[_Union[BlockHash, _Mapping]]] = ..., removed_block_ids: _Optional[_Iterable[int]] = ..., all_cleared: _Optional[bool] = ..., step_seconds: _Optional[float] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobs, _Mapping]]] = ..., then: _Optional[_Iterable[_Union[StepResult, _Mapping]]] = ...) -> None: ...

@@ -57,6 +57,13 @@ class EngineConfig:
         "plan each worker's next step while it computes the current one (two plans in "
         "flight), so it never waits for the scheduler between steps",
     )
+    # decode steps sent to a worker in one message (bundles: scheduler_svc/link.py)
+    num_scheduler_steps: int = option(
+        4,
+        "decode steps planned at once and sent to a worker in one message, while every "
+        "running request decodes and none waits: fewer messages per token, tokens streamed "
+        "in groups of up to this many; 1 = a message per step",
+    )
     debug_invariants: bool = option(
         _LEDGER.debug_invariants, "check every ledger invariant after every step"
     )

@@ -134,17 +134,20 @@ def token_logprobs(update: RequestUpdate, live: LiveRequest) -> list[frontend_pb
     return out
 
 
-def response_from(delivery: Delivery) -> frontend_pb2.GenerateResponse:
-    update = delivery.update
-    reason = update.finish_reason.value if update.finish_reason is not None else ""
+def response_from(*deliveries: Delivery) -> frontend_pb2.GenerateResponse:
+    """One stream message for one or more consecutive updates of a request (those that were
+    waiting together: a bundle's steps, or a slow stream): their tokens and logprobs in
+    order, the usage and finish of the last."""
+    last = deliveries[-1].update
+    reason = last.finish_reason.value if last.finish_reason is not None else ""
     return frontend_pb2.GenerateResponse(
-        token_ids=update.new_token_ids,
-        num_prompt_tokens=update.num_prompt_tokens,
-        num_cached_tokens=update.num_cached_tokens,
+        token_ids=[t for d in deliveries for t in d.update.new_token_ids],
+        num_prompt_tokens=last.num_prompt_tokens,
+        num_cached_tokens=last.num_cached_tokens,
         finish_reason=reason,
-        message=update.finish_message,
-        logprobs=delivery.logprobs,
-        prompt_logprobs=delivery.prompt_logprobs,
+        message=last.finish_message,
+        logprobs=[e for d in deliveries for e in d.logprobs],
+        prompt_logprobs=[e for d in deliveries for e in d.prompt_logprobs],
     )
 
 

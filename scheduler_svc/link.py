@@ -35,6 +35,7 @@ class WorkerLink:
         on_update: Callable[[LiveRequest, Delivery], None],
         plan_ahead: bool = False,
         scheduler: Scheduler | None = None,
+        steps_per_plan: int = 1,
     ) -> None:
         self.registration = registration
         self.worker_id = registration.worker_id
@@ -51,9 +52,12 @@ class WorkerLink:
         # Async scheduling (--async-scheduling): a second plan goes out while the worker runs
         # the first, so the worker never waits for the scheduler between steps.
         self.plan_ahead_enabled = plan_ahead
-        self._in_flight: list[SchedulerOutput] = []  # unanswered plans, oldest first
+        # --num-scheduler-steps: decode steps planned at once and sent as one bundle
+        self.steps_per_plan = max(steps_per_plan, 1)
+        self._in_flight: list[list[SchedulerOutput]] = []  # unanswered bundles, oldest first
         self._sent_at: list[float] = []  # monotonic time each of them left
-        self.steps = 0
+        self.steps = 0  # results applied
+        self.messages = 0  # plan messages sent (fewer than steps when bundles form)
 
     @property
     def plan_sent_at(self) -> float | None:
@@ -64,6 +68,12 @@ class WorkerLink:
     @property
     def has_in_flight(self) -> bool:
         return bool(self._in_flight)
+
+    @property
+    def owed_steps(self) -> int:
+        """Steps in the oldest unanswered bundle (0 when none is out): the step deadline
+        allows that many times --worker-step-timeout for its one answer."""
+        return len(self._in_flight[0]) if self._in_flight else 0
 
     def plan_outstanding_for(self, now: float | None = None) -> float:
         """Seconds the oldest plan has waited for its result (0 when none is out)."""
@@ -82,7 +92,8 @@ class WorkerLink:
             max_len=self.scheduler.max_len,
             max_model_len=self.scheduler.config.max_model_len,
             load=self.load,
-            plan_out_s=self.plan_outstanding_for(now),
+            # per step of the bundle it owes: a bundle of N steps may take N steps' time
+            plan_out_s=self.plan_outstanding_for(now) / max(self.owed_steps, 1),
         )
 
     def cached_prefix_tokens(self, core: Request) -> int:
@@ -129,21 +140,49 @@ class WorkerLink:
             await self._wake.wait()
 
     def plan_ahead(self) -> worker_pb2.Plan | None:
-        """With async scheduling on and one plan out, the next one, planned now on the tokens
-        the worker is sampling (the core plans only what the worker certainly computes)."""
+        """With async scheduling on and one plan (or bundle) out, the next one, planned now on
+        the tokens the worker is sampling (the core plans only what the worker certainly
+        computes)."""
         if not (self.plan_ahead_enabled and self.alive and len(self._in_flight) == 1):
             return None
         return self._plan()
 
     def _plan(self) -> worker_pb2.Plan | None:
-        out = self.scheduler.schedule()
-        self._dispatch(out.finished)
-        if out.is_empty:
+        bundle = self._schedule_bundle()
+        if not bundle:
             return None
-        self._in_flight.append(out)
+        self._in_flight.append(bundle)
         self._sent_at.append(time.monotonic())
-        self._note_scheduled(out)
-        return plan_from_output(out, self.live.__getitem__)
+        self.messages += 1
+        first, *rest = (plan_from_output(out, self.live.__getitem__) for out in bundle)
+        first.then.extend(rest)
+        return first
+
+    def _schedule_bundle(self) -> list[SchedulerOutput]:
+        """One step, and with --num-scheduler-steps N up to N-1 more planned right behind it
+        (each on the tokens the steps before it sample, as async scheduling plans): the core
+        sees N plans in flight, and its rules for them hold unchanged."""
+        bundle: list[SchedulerOutput] = []
+        while len(bundle) < self.steps_per_plan:
+            out = self.scheduler.schedule()
+            self._dispatch(out.finished)
+            if out.is_empty:
+                break
+            self._note_scheduled(out)
+            bundle.append(out)
+            if not self._may_follow(out):
+                break
+        return bundle
+
+    def _may_follow(self, out: SchedulerOutput) -> bool:
+        """Another step joins the bundle only behind a step of single-token decodes with no
+        request waiting: a prefill's first token is not held back N steps, and a waiting
+        request is admitted at the next plan, not after the bundle."""
+        return (
+            not out.new
+            and self.scheduler.num_waiting == 0
+            and all(c.num_scheduled_tokens == 1 for c in out.cont)
+        )
 
     def apply_result(self, result: worker_pb2.StepResult) -> None:
         if not self.alive:
@@ -151,9 +190,23 @@ class WorkerLink:
             # ledger is drained and its requests live elsewhere now. Never apply it.
             log.warning("worker %s: result after the link was dropped, ignored", self.worker_id)
             return
-        out = self._in_flight.pop(0) if self._in_flight else EMPTY_OUTPUT
+        bundle = self._in_flight.pop(0) if self._in_flight else [EMPTY_OUTPUT]
         if self._sent_at:
             self._sent_at.pop(0)
+        results = [result, *result.then]
+        if len(results) != len(bundle):
+            # a worker that ran fewer (or more) plans than the bundle held: the steps it did
+            # not answer get an empty result, so their requests fail ("no token"), not hang
+            log.warning(
+                "worker %s answered %d plans with %d results",
+                self.worker_id,
+                len(bundle),
+                len(results),
+            )
+        for i, out in enumerate(bundle):
+            self._apply(out, results[i] if i < len(results) else worker_pb2.StepResult())
+
+    def _apply(self, out: SchedulerOutput, result: worker_pb2.StepResult) -> None:
         for prompt in result.prompt_logprobs:
             live = self.live.get(prompt.request_id)
             if live is not None:

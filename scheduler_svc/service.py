@@ -20,9 +20,25 @@ from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.engine import Engine
 from scheduler_svc.errors import PlacementError
 from scheduler_svc.link import LinkClosed, WorkerLink
-from scheduler_svc.live import LiveRequest, RequestFailure
+from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
 
 log = logging.getLogger(__name__)
+
+
+def _ready_with(
+    first: Delivery, queue: asyncio.Queue[Delivery | RequestFailure], held: list
+) -> list[Delivery]:
+    """`first` and the updates already queued behind it, sent as one message (fewer messages
+    per token; a bundle's steps arrive together). Stops at a finish; a failure or a refusal
+    found behind is `held` for the next turn, which handles it alone."""
+    batch = [first]
+    while batch[-1].update.finish_reason is None and not queue.empty():
+        item = queue.get_nowait()
+        if isinstance(item, RequestFailure) or item.update.finish_reason == FinishReason.IGNORED:
+            held.append(item)
+            break
+        batch.append(item)
+    return batch
 
 
 class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
@@ -36,15 +52,17 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
         live = await self._submit(context, self.engine.submit_generate, request)
         try:
             await context.send_initial_metadata((ADMITTED,))  # live from here on
+            held: list[Delivery | RequestFailure] = []
             while True:
-                item = await live.updates.get()
+                item = held.pop() if held else await live.updates.get()
                 if isinstance(item, RequestFailure):
                     await context.abort(item.code, item.message)
                 update = item.update
                 if update.finish_reason == FinishReason.IGNORED:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, update.finish_message)
-                yield response_from(item)
-                if update.finish_reason is not None:
+                batch = _ready_with(item, live.updates, held)
+                yield response_from(*batch)
+                if batch[-1].update.finish_reason is not None:
                     return
         finally:
             # Client gone (cancelled) or the stream ended early: release everything it holds.
@@ -208,5 +226,5 @@ class WorkerLinkServicer(worker_pb2_grpc.WorkerLinkServicer):
         limit = self.engine.config.worker_step_timeout
         if limit <= 0 or link.plan_sent_at is None:
             return await messages.__anext__()
-        remaining = link.plan_sent_at + limit - time.monotonic()
+        remaining = link.plan_sent_at + limit * link.owed_steps - time.monotonic()
         return await asyncio.wait_for(messages.__anext__(), max(remaining, 0.0))

@@ -85,6 +85,14 @@ class WorkerLinkClient:
             self.stopping.wait(backoff)
             backoff = min(backoff * 2, 5.0)
 
+    def _step(self, plan: worker_pb2.Plan) -> worker_pb2.StepResult:
+        """One plan of a bundle, in order: each runs on the tokens the ones before it sampled.
+        A failing step errors its requests only."""
+        stale_before = self.executor.counters.stale_block_hits
+        result = result_to_wire(self.executor.step(plan_from_wire(plan)))
+        self.metrics.observe(result, self.executor.counters.stale_block_hits - stale_before)
+        return result
+
     def _wait_ready(self, grpc_channel: grpc.Channel) -> bool:
         """Waits for the channel to connect, saying every NOT_READY_WARN_SECONDS why it may
         not (gRPC retries a refused connection or a failed TLS handshake quietly, forever);
@@ -136,12 +144,8 @@ class WorkerLinkClient:
                     if finished_at is not None and self.executor.seqs:
                         # requests are live: the worker was waiting for this plan, not for work
                         self.metrics.waited(time.perf_counter() - finished_at)
-                    stale_before = self.executor.counters.stale_block_hits
-                    # a failing step errors its requests only
-                    result = result_to_wire(self.executor.step(plan_from_wire(plan)))
-                    self.metrics.observe(
-                        result, self.executor.counters.stale_block_hits - stale_before
-                    )
+                    result, *rest = (self._step(p) for p in [plan, *plan.then])
+                    result.then.extend(rest)  # a bundle (--num-scheduler-steps): one answer
                     outbox.put(worker_pb2.WorkerMessage(result=result))
                     finished_at = time.perf_counter()
             finally:

@@ -85,9 +85,15 @@ def scheduled_ids(out: SchedulerOutput) -> list[str]:
 
 class LedgerMachine(RuleBasedStateMachine):
     kv = True
-    # Async scheduling: the next plan is made while the worker runs the previous one, so two
-    # plans are in flight and each step applies the older one's result.
-    ahead = False
+    # Plans in flight before the oldest one's result is applied: 1 is lockstep; 2 is async
+    # scheduling (the next plan is made while the worker runs the previous one); more is
+    # --num-scheduler-steps (a bundle of decode steps planned at once, and the next bundle
+    # planned while the worker runs it).
+    depth = 1
+
+    @property
+    def ahead(self) -> bool:
+        return self.depth > 1
 
     def __init__(self) -> None:
         super().__init__()
@@ -176,8 +182,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.steps += 1
 
     def _result_due(self) -> bool:
-        """Lockstep: the plan just made. Ahead: the oldest, once a second one is out."""
-        return not self.ahead or len(self.h.pending) >= 2 or self.h.last.is_empty
+        """Lockstep: the plan just made. Ahead: the oldest, once `depth` plans are out."""
+        return len(self.h.pending) >= self.depth or self.h.last.is_empty
 
     @rule(data=st.data())
     def step_with_faults(self, data: st.DataObject) -> None:
@@ -410,18 +416,25 @@ class LedgerWithoutKV(LedgerMachine):
 
 class LedgerAheadWithKV(LedgerMachine):
     kv = True
-    ahead = True
+    depth = 2
 
 
 class LedgerAheadWithoutKV(LedgerMachine):
     kv = False
-    ahead = True
+    depth = 2
+
+
+class LedgerBundlesWithKV(LedgerMachine):
+    kv = True
+    depth = 5
 
 
 TestLedgerAheadWithKV = LedgerAheadWithKV.TestCase
 TestLedgerAheadWithKV.settings = settings(SETTINGS, max_examples=250)
 TestLedgerAheadWithoutKV = LedgerAheadWithoutKV.TestCase
 TestLedgerAheadWithoutKV.settings = settings(SETTINGS, max_examples=80)
+TestLedgerBundlesWithKV = LedgerBundlesWithKV.TestCase
+TestLedgerBundlesWithKV.settings = settings(SETTINGS, max_examples=150)
 TestLedgerWithKV = LedgerWithKV.TestCase
 TestLedgerWithKV.settings = SETTINGS
 TestLedgerWithoutKV = LedgerWithoutKV.TestCase

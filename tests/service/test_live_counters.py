@@ -21,10 +21,11 @@ def collect(target: str, rid: str, prompt: list[int], max_tokens: int, out: dict
 def test_eviction_of_a_waiting_requests_prefix_is_a_counted_stale_entry():
     loop = asyncio.new_event_loop()
     port, metrics_port = free_port(), free_port()
-    # Lockstep: the timeline below needs C's second decode planned after B's arrival (with
-    # async scheduling it is planned while the first one runs, before B arrives).
+    # Lockstep, one step a plan: the timeline below needs C's second decode planned after B's
+    # arrival (with async scheduling or bundles it is planned before B arrives).
     argv = ["--grpc-port", str(port), "--metrics-port", str(metrics_port), "--debug-invariants"]
-    args = parse(SCHEDULER, [*argv, "--no-async-scheduling"], "t")
+    lockstep = ["--no-async-scheduling", "--num-scheduler-steps", "1"]
+    args = parse(SCHEDULER, [*argv, *lockstep], "t")
     server, engine, _ = loop.run_until_complete(start(args, metrics=True))
     threading.Thread(target=loop.run_forever, daemon=True).start()
     target, url = f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
