@@ -49,6 +49,15 @@ class Result:
     gaps: list[float]  # between successive streamed chunks
     output_tokens: int
     cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens, if reported
+    last: float = 0.0  # seconds from the request to its last chunk
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first: the same whether a server streams a token
+        an event or several (inter-token gaps are between events)."""
+        if self.output_tokens < 2:
+            return None
+        return (self.last - self.ttft) / (self.output_tokens - 1)
 
 
 @dataclass
@@ -62,7 +71,8 @@ class Summary:
     output_tok_s: float
     requests_s: float
     ttft_ms: dict[str, float]
-    itl_ms: dict[str, float]
+    itl_ms: dict[str, float]  # between streamed events (a server may send several tokens in one)
+    tpot_ms: dict[str, float]  # per request: (last event - first) / (output tokens - 1)
     cached_share: float | None
     results: list[Result] = field(default_factory=list, repr=False)
 
@@ -112,7 +122,7 @@ async def one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int]
                 else:
                     gaps.append(now - last)
                 last = now
-    return Result(first or 0.0, gaps, tokens or wl.max_tokens, cached)
+    return Result(first or 0.0, gaps, tokens or wl.max_tokens, cached, last - start)
 
 
 async def drive(
@@ -172,6 +182,7 @@ def summarize(engine, concurrency, request_rate, seconds, results, wl) -> Summar
         requests_s=len(results) / seconds,
         ttft_ms=percentiles([r.ttft for r in results]),
         itl_ms=percentiles([g for r in results for g in r.gaps]),
+        tpot_ms=percentiles([t for r in results if (t := r.tpot) is not None]),
         cached_share=(sum(cached) / prompt_tokens) if len(cached) == len(results) else None,
         results=list(results),
     )

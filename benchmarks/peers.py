@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -66,8 +67,11 @@ def process_name(pid: int) -> str:
     return argv[2] if len(argv) > 2 and argv[1] == "-m" else Path(argv[0]).name
 
 
-def run_kvledger(model: Path, size: str, runs: list[tuple[int, Workload]], threads: int) -> dict:
+def run_kvledger(
+    model: Path, size: str, runs: list[tuple[int, Workload]], threads: int, serve_args: str = ""
+) -> dict:
     extra = [] if size == "tiny" else ["--model", str(model), "--served-model-name", "tiny-llama"]
+    extra += shlex.split(serve_args)
     env_before = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
@@ -165,6 +169,9 @@ def main() -> None:
     ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
     ap.add_argument("--engines", default="kvledger,llama.cpp,transformers")
     ap.add_argument("--json", help="write every figure here")
+    ap.add_argument(
+        "--serve-args", default="", help="more flags for `kvledger serve` (its defaults without)"
+    )
     args = ap.parse_args()
     wl = Workload(num_requests=args.requests, max_tokens=args.max_tokens)
     c1 = Workload(num_requests=args.c1_requests, max_tokens=args.max_tokens)
@@ -173,7 +180,7 @@ def main() -> None:
     engines = args.engines.split(",")
     report: dict[str, dict] = {}
     if "kvledger" in engines:
-        report["kvledger"] = run_kvledger(model, args.size, runs, args.threads)
+        report["kvledger"] = run_kvledger(model, args.size, runs, args.threads, args.serve_args)
     if "llama.cpp" in engines:
         if args.llama_server and Path(args.llama_server).exists():
             from benchmarks.gguf_export import export
@@ -220,6 +227,8 @@ def print_table(report: dict, args: argparse.Namespace, model: Path) -> None:
                 + "/".join(f"{v:.0f}" for v in s.ttft_ms.values())
                 + " ms, inter-token p50/p90/p99 "
                 + "/".join(f"{v:.1f}" for v in s.itl_ms.values())
+                + " ms, time per token p50/p90 "
+                + "/".join(f"{v:.1f}" for v in list(s.tpot_ms.values())[:2])
                 + " ms"
                 + (f", cached {100 * s.cached_share:.0f}%" if s.cached_share is not None else "")
             )

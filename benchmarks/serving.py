@@ -9,7 +9,9 @@ Datasets (token-id prompts: every engine sees the same tokens): `shared-prefix` 
 tokens shared by every prompt, then --suffix-len of its own; a system prompt or a multi-turn
 chat, as in real serving) and `random` (--suffix-len random tokens). Requests go out at
 --concurrency (closed loop) or at --request-rate per second (Poisson arrivals). Reports output
-tokens/s, requests/s, TTFT and inter-token latency p50/p90/p99, and the share of prompt tokens
+tokens/s, requests/s, TTFT and inter-token latency p50/p90/p99 (between streamed events), time
+per output token (per request, after the first; the same however many tokens an event holds),
+and the share of prompt tokens
 the server says it served from its prefix cache; --json writes every figure.
 """
 
@@ -48,6 +50,7 @@ def table(summaries: list[Summary]) -> None:
         ("requests/s", lambda s: s.requests_s),
         *[(f"TTFT {p} (ms)", lambda s, p=p: s.ttft_ms[p]) for p in ("p50", "p90", "p99")],
         *[(f"inter-token {p} (ms)", lambda s, p=p: s.itl_ms[p]) for p in ("p50", "p90", "p99")],
+        *[(f"time per token {p} (ms)", lambda s, p=p: s.tpot_ms[p]) for p in ("p50", "p90")],
         ("prompt tokens cached (%)", lambda s: 100 * (s.cached_share or 0.0)),
     ]
     head = " | ".join(s.engine for s in summaries)

@@ -23,6 +23,18 @@ EMPTY_OUTPUT = SchedulerOutput(
 )
 
 
+# A bundle stops growing where the worker's recent step time says it would run longer than
+# this: tokens then stream at least every ~50 ms. Bundles pay where a step is short next to
+# the per-message costs (tiny-llama: 2-8 ms steps, ~1 ms of CPU per message across the
+# processes); a 300M model's 40 ms step gained 1% from them while its stream came in 160 ms
+# chunks, so there they stop at one step.
+BUNDLE_BUDGET_S = 0.05
+
+
+def _decodes_only(out: SchedulerOutput) -> bool:
+    return bool(out.cont) and not out.new and all(c.num_scheduled_tokens == 1 for c in out.cont)
+
+
 class LinkClosed(Exception):
     """The worker's stream ended: the link must not hand out more plans."""
 
@@ -56,6 +68,7 @@ class WorkerLink:
         self.steps_per_plan = max(steps_per_plan, 1)
         self._in_flight: list[list[SchedulerOutput]] = []  # unanswered bundles, oldest first
         self._sent_at: list[float] = []  # monotonic time each of them left
+        self.step_s = 0.0  # the worker's recent time per decode step (moving average)
         self.steps = 0  # results applied
         self.messages = 0  # plan messages sent (fewer than steps when bundles form)
 
@@ -170,18 +183,19 @@ class WorkerLink:
                 break
             self._note_scheduled(out)
             bundle.append(out)
-            if not self._may_follow(out):
+            if not self._may_follow(out, len(bundle) + 1):
                 break
         return bundle
 
-    def _may_follow(self, out: SchedulerOutput) -> bool:
-        """Another step joins the bundle only behind a step of single-token decodes with no
-        request waiting: a prefill's first token is not held back N steps, and a waiting
-        request is admitted at the next plan, not after the bundle."""
+    def _may_follow(self, out: SchedulerOutput, size: int) -> bool:
+        """Another step joins the bundle (making it `size` steps) only behind a step of
+        single-token decodes with no request waiting, and while the bundle would take at most
+        BUNDLE_BUDGET_S: a prefill's first token is not held back, a waiting request is
+        admitted at the next plan, and a slow model's stream is not chunked for no gain."""
         return (
-            not out.new
+            _decodes_only(out)
             and self.scheduler.num_waiting == 0
-            and all(c.num_scheduled_tokens == 1 for c in out.cont)
+            and size * self.step_s <= BUNDLE_BUDGET_S
         )
 
     def apply_result(self, result: worker_pb2.StepResult) -> None:
@@ -213,6 +227,9 @@ class WorkerLink:
                 live.receive_prompt_logprobs(prompt.start, prompt.entries)
         updates = self.scheduler.update_from_output(out, model_result_from(result))
         self.steps += 1
+        if result.step_seconds > 0 and _decodes_only(out):  # what a bundle's steps are
+            seconds, before = result.step_seconds, self.step_s
+            self.step_s = before + 0.2 * (seconds - before) if before else seconds
         self._dispatch(updates)
 
     def _note_scheduled(self, out: SchedulerOutput) -> None:
