@@ -6,12 +6,18 @@ of tests/service/helpers.py (a token that depends only on the position).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import grpc
 
-from protos import frontend_pb2, frontend_pb2_grpc
+from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
+from scheduler_svc.convert import response_from
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.request import Request
+from scheduler_svc.link import WorkerLink
+from scheduler_svc.live import LiveRequest
 from tests.service.helpers import (
     EOS,
     PositionRunner,
@@ -19,6 +25,7 @@ from tests.service.helpers import (
     expected_tokens,
     generate,
     ledger_idle,
+    registration,
     running_scheduler,
     wait_for,
 )
@@ -171,3 +178,34 @@ def test_a_slow_model_is_not_bundled():
             assert 0.025 < scheduler.call(lambda: link.step_s) < 0.1
         finally:
             worker.stop()
+
+
+def test_a_bundle_answered_short_fails_its_request_and_leaks_nothing(caplog):
+    """A worker that answers a bundle of 4 with one result (a bug, or a worker that does not
+    know bundles): the unanswered steps get empty results, so the request ends with an error
+    instead of waiting forever, and its blocks and tracker entry go."""
+    config = SchedulerConfig(
+        num_blocks=16, block_size=4, max_num_seqs=4, max_num_batched_tokens=64,
+        max_model_len=64, debug_invariants=True,
+    )  # fmt: skip
+    ends: list[frontend_pb2.GenerateResponse] = []
+    link = WorkerLink(
+        registration(),
+        config,
+        lambda _live, delivery: ends.append(response_from(delivery)),
+        steps_per_plan=4,
+    )
+    core = Request(request_id="a", prompt_token_ids=[1, 2, 3], max_tokens=20)
+    link.add(LiveRequest(core=core, model="m", sampling=frontend_pb2.SamplingParams(logprobs=-1)))
+    prefill = link._plan()
+    assert prefill is not None and not prefill.then
+    link.apply_result(worker_pb2.StepResult(sampled=[worker_pb2.SampledToken(request_id="a")]))
+    bundle = link._plan()
+    assert bundle is not None and len(bundle.then) == 3
+    with caplog.at_level(logging.WARNING):
+        link.apply_result(worker_pb2.StepResult(sampled=[worker_pb2.SampledToken(request_id="a")]))
+    assert "answered 4 plans with 1 results" in caplog.text
+    assert ends[-1].finish_reason == "error" and "no token" in ends[-1].message
+    link._plan()  # tells the worker to drop it
+    snap = link.scheduler.snapshot()
+    assert snap.blocks_in_use == 0 and snap.tracker_entries == 0 and not link.live
