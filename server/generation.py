@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -195,7 +195,44 @@ async def _refused(call: grpc.aio.UnaryStreamCall, client: SchedulerClient) -> N
 
 def _apply(generation: Generation, choice: Choice, response: frontend_pb2.GenerateResponse) -> bool:
     """Takes one response into the choice; True when a stop string ended a request that the
-    scheduler still runs (it must be told)."""
+    scheduler still runs (it must be told).
+
+    A response may carry several tokens (a bundle's, `--num-scheduler-steps`). With stop
+    strings they are taken one at a time, so that the tokens after the one that completes a
+    stop string are neither shown nor counted in usage, as when each came alone."""
+    if not (generation.stops and len(response.token_ids) > 1 and not choice.echo_only):
+        return _apply_one(generation, choice, response)
+    for part in _one_token_each(response):
+        ended_early = _apply_one(generation, choice, part)
+        if choice.finish_reason is not None:
+            return ended_early and not response.finish_reason
+    return False
+
+
+def _one_token_each(
+    response: frontend_pb2.GenerateResponse,
+) -> Iterator[frontend_pb2.GenerateResponse]:
+    """The response as single-token responses: the prompt logprobs with the first, the finish
+    with the last."""
+    last = len(response.token_ids) - 1
+    for i, token in enumerate(response.token_ids):
+        part = frontend_pb2.GenerateResponse(
+            token_ids=[token],
+            num_prompt_tokens=response.num_prompt_tokens,
+            num_cached_tokens=response.num_cached_tokens,
+        )
+        if response.logprobs:
+            part.logprobs.append(response.logprobs[i])
+        if i == 0:
+            part.prompt_logprobs.extend(response.prompt_logprobs)
+        if i == last:
+            part.finish_reason, part.message = response.finish_reason, response.message
+        yield part
+
+
+def _apply_one(
+    generation: Generation, choice: Choice, response: frontend_pb2.GenerateResponse
+) -> bool:
     if choice.wants_prompt_logprobs and choice.prompt_entries is None:
         _add_prompt_entries(generation, choice, response.prompt_logprobs)
     if not choice.echo_only:

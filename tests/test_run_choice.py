@@ -76,12 +76,14 @@ class Client:
         return frontend_pb2.AbortResponse(aborted=False)
 
 
-def run(client: Client, max_tokens: int = 4) -> tuple[Choice, BaseException | None]:
+def run(
+    client: Client, max_tokens: int = 4, stops: list[str] | None = None
+) -> tuple[Choice, BaseException | None]:
     request = frontend_pb2.GenerateRequest(
         request_id="r", model="m", prompt_token_ids=[1, 2], stop={"max_tokens": max_tokens}
     )
     choice = Choice(0, 0, request, IncrementalDetokenizer(Ids(), [1, 2]))
-    generation = Generation("cmpl", None, [[1, 2]], [], [choice])  # type: ignore[arg-type]
+    generation = Generation("cmpl", None, [[1, 2]], stops or [], [choice])  # type: ignore[arg-type]
 
     async def drive() -> BaseException | None:
         try:
@@ -147,3 +149,28 @@ def test_a_refusal_while_resuming_is_said_as_it_is(code):
     _, err = run(client)
     assert isinstance(err, APIError) and err.status in (400, 429)
     assert client.outcomes == ["gave_up"]
+
+
+def test_a_stop_string_inside_a_several_token_response_ends_the_count_where_it_ends_the_text():
+    """A bundle's tokens come in one response: those after the token that completes the stop
+    string are neither shown nor counted, and the scheduler is told the request finished."""
+    client = Client([Call([[10, 11, 12], [13]])])
+    choice, err = run(client, max_tokens=8, stops=["<11>"])
+    assert err is None and choice.finish_reason == "stop"
+    assert choice.text == "<10>" and choice.token_ids == [10, 11]
+    assert client.aborted == [("r", "stop")]
+
+
+def test_a_stop_string_in_the_last_response_of_a_finished_request_tells_the_scheduler_nothing():
+    client = Client([Call([[10, 11, 12, 13]], end="length")])
+    choice, err = run(client, max_tokens=4, stops=["<11>"])
+    assert err is None and choice.finish_reason == "stop"
+    assert choice.text == "<10>" and choice.token_ids == [10, 11]
+    assert client.aborted == []
+
+
+def test_several_token_responses_without_stop_strings_are_taken_whole():
+    client = Client([Call([[10, 11], [12, 13]], end="length")])
+    choice, err = run(client)
+    assert err is None and choice.finish_reason == "length"
+    assert choice.text == "<10><11><12><13>" and choice.token_ids == [10, 11, 12, 13]
