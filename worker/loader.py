@@ -55,28 +55,32 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
     total = sum(len(names) for names in files.values())
     with tqdm(total=total, desc="loading weights", unit="tensor", disable=not progress) as bar:
         for path, names in files.items():
-            with safe_open(str(path), framework="pt") as f:
-                for ckpt_name in names:
-                    bar.update()
-                    name = ckpt_name.removeprefix(prefix) if prefix else ckpt_name
-                    if (
-                        name.endswith(IGNORED_SUFFIXES)
-                        or name.startswith(ignored)
-                        or (tied and name == "lm_head.weight")
-                    ):
-                        continue
-                    target, rows, shard = _target(name, packed, model)
-                    if target not in params:
-                        unexpected.append(ckpt_name)
-                        continue
-                    piece = _piece(model, target, shard)
+            for ckpt_name in names:
+                bar.update()
+                name = ckpt_name.removeprefix(prefix) if prefix else ckpt_name
+                if (
+                    name.endswith(IGNORED_SUFFIXES)
+                    or name.startswith(ignored)
+                    or (tied and name == "lm_head.weight")
+                ):
+                    continue
+                target, rows, shard = _target(name, packed, model)
+                if target not in params:
+                    unexpected.append(ckpt_name)
+                    continue
+                piece = _piece(model, target, shard)
+                # The file is mapped for one tensor at a time: its pages leave the worker's
+                # resident memory when the mapping closes. Mapped for the whole load, they
+                # stayed resident beside the copies (a 300M model peaked at 2088 MiB against
+                # 1161 MiB once loaded).
+                with safe_open(str(path), framework="pt") as f:
                     if piece is None:
                         tensor = f.get_tensor(ckpt_name)
                     else:
                         tensor = f.get_slice(ckpt_name)[piece.source]
                         rows = piece.rows or rows
-                    _copy(params[target], rows, tensor, ckpt_name)
-                    filled[target] += tensor.shape[0] if shard is not None else 1
+                _copy(params[target], rows, tensor, ckpt_name)
+                filled[target] += tensor.shape[0] if shard is not None else 1
     _check_complete(model, params, filled, unexpected)
 
 
