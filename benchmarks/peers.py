@@ -27,14 +27,13 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.llama_cpp import complete, gguf_of, llama_server  # noqa: E402
 from benchmarks.load import Workload, drive  # noqa: E402
 from kvledger.models import TinyLlamaRecipe, cache_dir, ensure_tiny_llama, write_tiny_llama  # noqa: E402
-from tests.serving import descendants, free_port, start_serve  # noqa: E402
+from tests.serving import descendants, start_serve  # noqa: E402
 
 SIZES = {
     "tiny": None,  # kvledger's default tiny-llama
@@ -94,55 +93,19 @@ def run_kvledger(
 
 
 def run_llama_cpp(binary: str, gguf: Path, runs, threads: int, wl: Workload) -> dict:  # noqa: ANN001
-    port = free_port()
     ctx = 16 * (wl.prefix_len + wl.suffix_len + wl.max_tokens + 16)
-    argv = [binary, "-m", str(gguf), "-np", "16", "-c", str(ctx), "-t", str(threads)]
-    # one HTTP thread per streaming client (its default pool, sized by the cores, closes the rest)
-    argv += ["--cont-batching", "--threads-http", "32", "--host", "127.0.0.1", "--port", str(port)]
-    with tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            _wait_ready(f"{url}/health", proc)
-            out = {
-                c: asyncio.run(drive(url, "m", w, c, engine=f"llama.cpp c={c}")) for c, w in runs
-            }
-            agree = _llama_cpp_greedy(url, wl)
-            memory = {"llama-server": peak_rss_mib(proc.pid)}
-        except Exception:
-            print(Path(log.name).read_text(errors="replace")[-3000:], file=sys.stderr)
-            raise
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    with llama_server(binary, gguf, threads, 16, ctx) as (url, proc):
+        out = {c: asyncio.run(drive(url, "m", w, c, engine=f"llama.cpp c={c}")) for c, w in runs}
+        agree = _llama_cpp_greedy(url, wl)
+        memory = {"llama-server": peak_rss_mib(proc.pid)}
     return {"summaries": out, "memory_mib": memory, "greedy_tokens": agree}
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: the server exited ({proc.returncode})")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} not ready after {timeout} s")
 
 
 def _llama_cpp_greedy(url: str, wl: Workload, n: int = 16) -> list[list[int]]:
     """llama.cpp's greedy tokens for the first two prompts (its synthetic pieces are <tID>)."""
     out = []
     for prompt in wl.prompts()[:2]:
-        body = {"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True}
-        request = urllib.request.Request(
-            f"{url}/completion", json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=300) as reply:
-            text = json.load(reply)["content"]
+        text = complete(url, prompt, n)["content"]
         out.append([int(piece) for piece in text.replace(">", "").split("<t")[1:]])
     return out
 
@@ -183,11 +146,7 @@ def main() -> None:
         report["kvledger"] = run_kvledger(model, args.size, runs, args.threads, args.serve_args)
     if "llama.cpp" in engines:
         if args.llama_server and Path(args.llama_server).exists():
-            from benchmarks.gguf_export import export
-
-            gguf = cache_dir() / f"bench-{args.size}-f32.gguf"
-            if not gguf.exists():
-                export(model, gguf)
+            gguf = gguf_of(model, args.size)
             report["llama.cpp"] = run_llama_cpp(args.llama_server, gguf, runs, args.threads, wl)
         else:
             print("llama.cpp skipped: give --llama-server PATH (see README)", file=sys.stderr)

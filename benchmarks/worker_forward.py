@@ -1,6 +1,7 @@
 """Step latency of the worker's forward pass on tiny-llama, next to Hugging Face transformers.
 
     .venv/bin/python benchmarks/worker_forward.py [--batch-sizes 1,8,32] [--prompt-len 128]
+        [--llama-server PATH]
 
 kvledger runs through `ModelRunner.execute` over paged KV memory (`--attention-backend auto`
 by default, as the worker serves: the CPU decode kernel; greedy sampling included);
@@ -21,12 +22,15 @@ to --context-len tokens.
 Each figure is the median of --repeats timed steps after one warm-up, the two engines taking
 turns (see `race`), under torch.inference_mode(), for float32 and bfloat16 (see --dtypes). The
 last line counts the sequences whose greedy next token the two engines agree on: a check that
-both computed the same thing.
+both computed the same thing. With --llama-server (or $LLAMA_SERVER), a line more gives
+llama.cpp's own per-token timings on an F32 GGUF of the same weights, same threads, one
+sequence, beside kvledger's batch-1 float32 figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -225,6 +229,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--device", default="cpu", help="torch device of both engines (cuda)")
     parser.add_argument(
+        "--llama-server",
+        default=os.environ.get("LLAMA_SERVER"),
+        help="llama.cpp's llama-server binary: adds its per-token timings on the same weights",
+    )
+    parser.add_argument(
         "--block-size", type=int, default=BLOCK_SIZE, help="kvledger's KV block (flash-attn: 256)"
     )
     parser.add_argument(
@@ -252,6 +261,45 @@ def main() -> None:
         for d in args.dtypes
     )
     print(f"greedy next tokens equal in kvledger and transformers: {agreement}")
+    if args.llama_server and args.device == "cpu":
+        print(llama_cpp_line(args, rows))
+
+
+def llama_cpp_line(args: argparse.Namespace, rows: list[Row]) -> str:
+    """llama.cpp's own per-token timings (its `/completion` reply's `timings`) on an F32 GGUF
+    of the same weights, on the same threads, one sequence: a prompt of --prompt-len tokens,
+    and --repeats tokens decoded after --context-len; next to kvledger's batch-1 float32 rows."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.llama_cpp import complete, gguf_of, llama_server
+
+    model = ensure_tiny_llama()
+    threads = torch.get_num_threads()
+    ctx = max(args.prompt_len, args.context_len) + args.repeats + 64
+    with llama_server(args.llama_server, gguf_of(model, "tiny"), threads, 1, ctx) as (url, _):
+        vocab = 30000
+        complete(url, prompts(1, 8, vocab, 0)[0], 2)  # warm-up
+        prefill = [
+            complete(url, prompts(1, args.prompt_len, vocab, 1 + i)[0], 1)["timings"]
+            for i in range(3)
+        ]
+        decode = complete(url, prompts(1, args.context_len, vocab, 2)[0], args.repeats)["timings"]
+    prompt_ms = statistics.median(t["prompt_ms"] for t in prefill)
+    line = (
+        f"llama.cpp (F32 GGUF, {threads} threads, one sequence): prompt of {args.prompt_len} "
+        f"tokens {prompt_ms:.1f} ms ({args.prompt_len / prompt_ms * 1000:.0f} tokens/s), "
+        f"decode {decode['predicted_per_token_ms']:.2f} ms a token after {args.context_len}"
+    )
+    ours = {r.phase: r.ms.get(("kvledger", "float32")) for r in rows if r.batch == 1}
+    if ours.get("prefill") and ours.get("decode"):
+        line += (
+            f"; kvledger fp32 batch 1: prefill {ours['prefill']:.1f} ms "
+            f"({args.prompt_len / ours['prefill'] * 1000:.0f} tokens/s), "
+            f"decode {ours['decode']:.2f} ms"
+        )
+    return line
 
 
 if __name__ == "__main__":
