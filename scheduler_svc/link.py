@@ -64,8 +64,9 @@ class WorkerLink:
         # Async scheduling (--async-scheduling): a second plan goes out while the worker runs
         # the first, so the worker never waits for the scheduler between steps.
         self.plan_ahead_enabled = plan_ahead
-        # --num-scheduler-steps: decode steps planned at once and sent as one bundle
-        self.steps_per_plan = max(steps_per_plan, 1)
+        # --num-scheduler-steps: decode steps planned at once and sent as one bundle, never
+        # more than the worker said it runs from one message (none to a worker without bundles)
+        self.steps_per_plan = max(min(steps_per_plan, registration.max_steps_per_plan), 1)
         self._in_flight: list[list[SchedulerOutput]] = []  # unanswered bundles, oldest first
         self._sent_at: list[float] = []  # monotonic time each of them left
         self.step_s = 0.0  # the worker's recent time per decode step (moving average)
@@ -81,12 +82,6 @@ class WorkerLink:
     @property
     def has_in_flight(self) -> bool:
         return bool(self._in_flight)
-
-    @property
-    def owed_steps(self) -> int:
-        """Steps in the oldest unanswered bundle (0 when none is out): the step deadline
-        allows that many times --worker-step-timeout for its one answer."""
-        return len(self._in_flight[0]) if self._in_flight else 0
 
     def plan_outstanding_for(self, now: float | None = None) -> float:
         """Seconds the oldest plan has waited for its result (0 when none is out)."""
@@ -105,8 +100,7 @@ class WorkerLink:
             max_len=self.scheduler.max_len,
             max_model_len=self.scheduler.config.max_model_len,
             load=self.load,
-            # per step of the bundle it owes: a bundle of N steps may take N steps' time
-            plan_out_s=self.plan_outstanding_for(now) / max(self.owed_steps, 1),
+            plan_out_s=self.plan_outstanding_for(now),
         )
 
     def cached_prefix_tokens(self, core: Request) -> int:
@@ -189,12 +183,18 @@ class WorkerLink:
 
     def _may_follow(self, out: SchedulerOutput, size: int) -> bool:
         """Another step joins the bundle (making it `size` steps) only behind a step of
-        single-token decodes with no request waiting, and while the bundle would take at most
-        BUNDLE_BUDGET_S: a prefill's first token is not held back, a waiting request is
-        admitted at the next plan, and a slow model's stream is not chunked for no gain."""
+        single-token decodes, with no waiting request that a plan could seat, with a free
+        block for each running request, and while the bundle would take at most
+        BUNDLE_BUDGET_S: a prefill's first token is not held back, a newcomer is not kept out
+        of a free seat for a bundle, a step planned ahead never preempts (that would throw
+        away the tokens its victim samples in the steps before), and a slow model's stream is
+        not chunked for no gain. (A bundle (or step) already in flight still runs first.)"""
+        sched = self.scheduler
+        seated = sched.num_running >= sched.config.max_num_seqs
         return (
             _decodes_only(out)
-            and self.scheduler.num_waiting == 0
+            and (sched.num_waiting == 0 or seated)
+            and sched.kv.num_free_blocks >= sched.num_running
             and size * self.step_s <= BUNDLE_BUDGET_S
         )
 

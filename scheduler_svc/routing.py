@@ -37,7 +37,7 @@ class WorkerView:
     max_len: int  # the longest request its ledger holds (context length, capped by its pool)
     max_model_len: int  # the model's context length
     load: int  # requests placed on it and not finished
-    plan_out_s: float  # seconds its oldest unanswered plan has been out per step it holds
+    plan_out_s: float  # seconds its oldest unanswered plan has been out (0 when none)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,16 +25,20 @@ from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
 log = logging.getLogger(__name__)
 
 
+ALONE = (FinishReason.IGNORED, FinishReason.ERROR)  # updates a stream message carries alone
+
+
 def _ready_with(
     first: Delivery, queue: asyncio.Queue[Delivery | RequestFailure], held: list
 ) -> list[Delivery]:
     """`first` and the updates already queued behind it, sent as one message (fewer messages
-    per token; a bundle's steps arrive together). Stops at a finish; a failure or a refusal
-    found behind is `held` for the next turn, which handles it alone."""
+    per token; a bundle's steps arrive together). Stops at a finish; a failure, a refusal or
+    an error found behind is `held` for the next turn, which sends it alone, so the tokens
+    before it reach the client as they would have one step at a time."""
     batch = [first]
     while batch[-1].update.finish_reason is None and not queue.empty():
         item = queue.get_nowait()
-        if isinstance(item, RequestFailure) or item.update.finish_reason == FinishReason.IGNORED:
+        if isinstance(item, RequestFailure) or item.update.finish_reason in ALONE:
             held.append(item)
             break
         batch.append(item)
@@ -226,5 +230,6 @@ class WorkerLinkServicer(worker_pb2_grpc.WorkerLinkServicer):
         limit = self.engine.config.worker_step_timeout
         if limit <= 0 or link.plan_sent_at is None:
             return await messages.__anext__()
-        remaining = link.plan_sent_at + limit * link.owed_steps - time.monotonic()
+        # One limit per message, a bundle too: bundles stop at ~50 ms of steps (link.py)
+        remaining = link.plan_sent_at + limit - time.monotonic()
         return await asyncio.wait_for(messages.__anext__(), max(remaining, 0.0))

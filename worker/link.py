@@ -30,6 +30,10 @@ REFUSALS = (
 # A worker that cannot connect says so this often (a wrong CA is otherwise silent).
 NOT_READY_WARN_SECONDS = 10.0
 
+# Plans this worker runs from one message (a bundle: Plan.then, --num-scheduler-steps), said
+# in its registration; the scheduler sends no more.
+MAX_STEPS_PER_PLAN = 64
+
 
 class WorkerLinkClient:
     def __init__(
@@ -43,7 +47,9 @@ class WorkerLinkClient:
         self.target = target
         self.tls = tls or TlsFiles()
         self._credentials = channel_credentials(self.tls)  # read once, at startup
-        self.registration = registration
+        self.registration = worker_pb2.Registration()
+        self.registration.CopyFrom(registration)
+        self.registration.max_steps_per_plan = MAX_STEPS_PER_PLAN
         self.executor = executor
         self.metrics = metrics
         self.stopping = threading.Event()

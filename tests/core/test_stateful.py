@@ -90,6 +90,9 @@ class LedgerMachine(RuleBasedStateMachine):
     # --num-scheduler-steps (a bundle of decode steps planned at once, and the next bundle
     # planned while the worker runs it).
     depth = 1
+    # Bundles apply results as the scheduler's link does: the oldest bundle's results back to
+    # back (down to half the depth), then plans one by one up to the depth again.
+    burst = False
 
     @property
     def ahead(self) -> bool:
@@ -179,6 +182,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self._plan()
         if self._result_due():
             self.h.finish_step()
+            while self.burst and len(self.h.pending) > self.depth // 2:
+                self.h.finish_step()
         self.steps += 1
 
     def _result_due(self) -> bool:
@@ -427,6 +432,13 @@ class LedgerAheadWithoutKV(LedgerMachine):
 class LedgerBundlesWithKV(LedgerMachine):
     kv = True
     depth = 5
+    burst = True
+
+
+class LedgerBundlesWithoutKV(LedgerMachine):
+    kv = False
+    depth = 5
+    burst = True
 
 
 TestLedgerAheadWithKV = LedgerAheadWithKV.TestCase
@@ -435,6 +447,8 @@ TestLedgerAheadWithoutKV = LedgerAheadWithoutKV.TestCase
 TestLedgerAheadWithoutKV.settings = settings(SETTINGS, max_examples=80)
 TestLedgerBundlesWithKV = LedgerBundlesWithKV.TestCase
 TestLedgerBundlesWithKV.settings = settings(SETTINGS, max_examples=150)
+TestLedgerBundlesWithoutKV = LedgerBundlesWithoutKV.TestCase
+TestLedgerBundlesWithoutKV.settings = settings(SETTINGS, max_examples=60)
 TestLedgerWithKV = LedgerWithKV.TestCase
 TestLedgerWithKV.settings = SETTINGS
 TestLedgerWithoutKV = LedgerWithoutKV.TestCase

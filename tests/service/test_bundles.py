@@ -6,6 +6,7 @@ of tests/service/helpers.py (a token that depends only on the position).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -15,9 +16,11 @@ import grpc
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
 from scheduler_svc.convert import response_from
 from scheduler_svc.core.config import SchedulerConfig
-from scheduler_svc.core.request import Request
+from scheduler_svc.core.output import RequestUpdate, SchedulerOutput
+from scheduler_svc.core.request import FinishReason, Request
 from scheduler_svc.link import WorkerLink
-from scheduler_svc.live import LiveRequest
+from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
+from scheduler_svc.service import _ready_with
 from tests.service.helpers import (
     EOS,
     PositionRunner,
@@ -118,7 +121,7 @@ def test_a_cancel_while_a_bundle_is_out_frees_everything():
             worker.stop()
 
 
-def test_a_request_arriving_during_bundles_is_served_and_its_prefill_not_bundled():
+def test_a_request_arriving_during_bundles_is_served():
     with running_scheduler("--num-scheduler-steps", "8") as scheduler:
         worker = Worker(scheduler.target, "w0")
         try:
@@ -184,19 +187,8 @@ def test_a_bundle_answered_short_fails_its_request_and_leaks_nothing(caplog):
     """A worker that answers a bundle of 4 with one result (a bug, or a worker that does not
     know bundles): the unanswered steps get empty results, so the request ends with an error
     instead of waiting forever, and its blocks and tracker entry go."""
-    config = SchedulerConfig(
-        num_blocks=16, block_size=4, max_num_seqs=4, max_num_batched_tokens=64,
-        max_model_len=64, debug_invariants=True,
-    )  # fmt: skip
-    ends: list[frontend_pb2.GenerateResponse] = []
-    link = WorkerLink(
-        registration(),
-        config,
-        lambda _live, delivery: ends.append(response_from(delivery)),
-        steps_per_plan=4,
-    )
-    core = Request(request_id="a", prompt_token_ids=[1, 2, 3], max_tokens=20)
-    link.add(LiveRequest(core=core, model="m", sampling=frontend_pb2.SamplingParams(logprobs=-1)))
+    link, ends = bare_link(4)
+    add(link, "a", 20)
     prefill = link._plan()
     assert prefill is not None and not prefill.then
     link.apply_result(worker_pb2.StepResult(sampled=[worker_pb2.SampledToken(request_id="a")]))
@@ -209,3 +201,128 @@ def test_a_bundle_answered_short_fails_its_request_and_leaks_nothing(caplog):
     link._plan()  # tells the worker to drop it
     snap = link.scheduler.snapshot()
     assert snap.blocks_in_use == 0 and snap.tracker_entries == 0 and not link.live
+
+
+# ---- the link alone: a real ledger, plain messages, no gRPC ------------------------------
+
+
+def bare_link(
+    steps: int, num_blocks: int = 16, worker_steps: int = 64
+) -> tuple[WorkerLink, list[frontend_pb2.GenerateResponse]]:
+    config = SchedulerConfig(
+        num_blocks=num_blocks, block_size=4, max_num_seqs=4, max_num_batched_tokens=64,
+        max_model_len=64, debug_invariants=True,
+    )  # fmt: skip
+    sent: list[frontend_pb2.GenerateResponse] = []
+    link = WorkerLink(
+        registration(max_steps_per_plan=worker_steps),
+        config,
+        lambda _live, delivery: sent.append(response_from(delivery)),
+        steps_per_plan=steps,
+    )
+    return link, sent
+
+
+def add(link: WorkerLink, rid: str, max_tokens: int, prompt_len: int = 3) -> None:
+    core = Request(
+        request_id=rid, prompt_token_ids=list(range(1, prompt_len + 1)), max_tokens=max_tokens
+    )
+    link.add(LiveRequest(core=core, model="m", sampling=frontend_pb2.SamplingParams(logprobs=-1)))
+
+
+def answer(link: WorkerLink, plan: worker_pb2.Plan) -> None:
+    """What a worker answers to `plan` (and its `then`): a token for every scheduled request."""
+    results = []
+    for p in [plan, *plan.then]:
+        ids = [r.request_id for r in p.new_requests] + [c.request_id for c in p.continuing]
+        results.append(
+            worker_pb2.StepResult(
+                sampled=[worker_pb2.SampledToken(request_id=r, token_id=5) for r in ids]
+            )
+        )
+    first, *rest = results
+    first.then.extend(rest)
+    link.apply_result(first)
+
+
+def test_a_worker_that_predates_bundles_gets_one_plan_a_message():
+    link, _ = bare_link(4, worker_steps=0)  # its registration says nothing of bundles
+    add(link, "a", 20)
+    answer(link, link._plan())
+    assert link.steps_per_plan == 1 and not link._plan().then
+
+
+def test_a_prefill_ends_a_bundle_and_a_newcomer_is_planned_alone():
+    link, _ = bare_link(8)
+    add(link, "a", 40)
+    first = link._plan()
+    assert first.new_requests and not first.then  # a prefill: its first token is not held back
+    answer(link, first)
+    bundle = link._plan()
+    assert len(bundle.then) == 7  # decodes alone, nobody waiting: a full bundle
+    add(link, "b", 5)  # arrives while the bundle runs
+    answer(link, bundle)
+    nxt = link._plan()
+    assert [r.request_id for r in nxt.new_requests] == ["b"] and not nxt.then
+
+
+def test_a_step_planned_ahead_never_preempts():
+    """Three requests in 8 blocks of 4 tokens cannot all finish at once: preemptions come. A
+    bundle's first step may preempt, as any plan may; a step planned behind it never does
+    (its victim's tokens sampled in the steps before would be thrown away): the bundle stops
+    where the next step might not find a block for every running request."""
+    link, _ = bare_link(8, num_blocks=8)
+    for rid in ("a", "b", "c"):
+        add(link, rid, 30)
+    schedule, counts = link.scheduler.schedule, []
+
+    def counting() -> SchedulerOutput:
+        before = link.scheduler.stats.preemptions
+        out = schedule()
+        counts.append(link.scheduler.stats.preemptions - before)
+        return out
+
+    link.scheduler.schedule = counting
+    bundled = 0
+    while True:
+        start = len(counts)
+        plan = link._plan()
+        if plan is None:
+            break
+        assert not any(counts[start + 1 :]), counts[start:]  # what the steps behind did
+        bundled += len(plan.then)
+        answer(link, plan)
+    assert link.scheduler.stats.preemptions > 0 and bundled > 0
+    assert not link.live and link.scheduler.snapshot().blocks_in_use == 0
+
+
+def test_merged_updates_keep_every_token_and_logprob_in_order_and_end_at_a_finish():
+    queue: asyncio.Queue = asyncio.Queue()
+    held: list = []
+
+    def update(tokens: list[int], finish: FinishReason | None = None) -> Delivery:
+        logprobs = [frontend_pb2.TokenLogprob(token_id=t, logprob=-t / 10) for t in tokens]
+        return Delivery(RequestUpdate("r", tokens, finish_reason=finish), logprobs)
+
+    for item in (update([2]), update([3], FinishReason.LENGTH), update([4])):
+        queue.put_nowait(item)
+    batch = _ready_with(update([1]), queue, held)
+    response = response_from(*batch)
+    assert list(response.token_ids) == [1, 2, 3] and response.finish_reason == "length"
+    assert [lp.token_id for lp in response.logprobs] == [1, 2, 3]
+    assert queue.qsize() == 1 and not held  # what came after the finish stays queued
+
+
+def test_an_error_or_a_failure_queued_behind_tokens_is_sent_alone_after_them():
+    queue: asyncio.Queue = asyncio.Queue()
+    held: list = []
+    queue.put_nowait(Delivery(RequestUpdate("r", [2])))
+    queue.put_nowait(Delivery(RequestUpdate("r", [], finish_reason=FinishReason.ERROR)))
+    batch = _ready_with(Delivery(RequestUpdate("r", [1])), queue, held)
+    assert [t for d in batch for t in d.update.new_token_ids] == [1, 2]
+    assert len(held) == 1 and held[0].update.finish_reason is FinishReason.ERROR
+    failure = RequestFailure(grpc.StatusCode.UNAVAILABLE, "gone")
+    queue.put_nowait(failure)
+    held.clear()
+    assert len(_ready_with(Delivery(RequestUpdate("r", [3])), queue, held)) == 1
+    assert held == [failure]
