@@ -21,6 +21,7 @@ from scheduler_svc.core.request import FinishReason, Request
 from scheduler_svc.link import WorkerLink
 from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
 from scheduler_svc.service import _ready_with
+from tests.service import test_links as links  # its scenarios, run here with bundles
 from tests.service.helpers import (
     EOS,
     PositionRunner,
@@ -109,16 +110,7 @@ def test_requests_of_different_lengths_end_inside_bundles():
 
 def test_a_cancel_while_a_bundle_is_out_frees_everything():
     with running_scheduler("--num-scheduler-steps", STEPS) as scheduler:
-        worker = Worker(scheduler.target, "w0")
-        try:
-            wait_for(lambda: scheduler.engine.links)
-            stream = generate(scheduler.target, "r1", list(range(1, 30)), 200)
-            next(stream)
-            next(stream)
-            stream.cancel()
-            wait_for(lambda: ledger_idle(scheduler))
-        finally:
-            worker.stop()
+        links.test_client_cancel_aborts_and_frees(scheduler)
 
 
 def test_a_request_arriving_during_bundles_is_served():
@@ -140,20 +132,7 @@ def test_a_request_arriving_during_bundles_is_served():
 
 def test_a_lost_worker_mid_bundle_continues_on_another():
     with running_scheduler("--num-scheduler-steps", STEPS) as scheduler:
-        first = Worker(scheduler.target, "w0")
-        wait_for(lambda: len(scheduler.engine.links) == 1)
-        stream = generate(scheduler.target, "r1", list(range(1, 20)), 40)
-        got = list(next(stream).token_ids)
-        second = Worker(scheduler.target, "w1")
-        try:
-            wait_for(lambda: len(scheduler.engine.links) == 2)
-            first.stop()
-            for response in stream:
-                got += response.token_ids
-            assert got == expected_tokens(19, 40)
-            wait_for(lambda: ledger_idle(scheduler))
-        finally:
-            second.stop()
+        links.test_lost_worker_requests_continue_on_another(scheduler)
 
 
 class SlowRunner(PositionRunner):
