@@ -16,6 +16,9 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from kvledger.config.frontend import Settings
+from kvledger.config.scheduler import SchedulerSettings
+from kvledger.config.worker import WorkerSettings
 from kvledger.options import (
     FALSE_WORDS,
     TRUE_WORDS,
@@ -31,9 +34,6 @@ from kvledger.options import (
     from_namespace,
     warn_secrets_on_command_line,
 )
-from scheduler_svc.config import SchedulerSettings
-from server.settings import Settings
-from worker.settings import WorkerSettings
 
 __all__ = [
     "CONFIGS",

@@ -13,6 +13,7 @@ import grpc
 import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from kvledger.config.scheduler import SchedulerSettings
 from kvledger.flags import SCHEDULER, config_for, parse
 from kvledger.grpc_auth import BearerServerInterceptor
 from kvledger.log import setup_logging
@@ -20,7 +21,6 @@ from kvledger.metrics_http import start_metrics_server
 from kvledger.rpc import SERVER_OPTIONS
 from kvledger.tls import add_port, checked, plaintext_warning
 from protos import frontend_pb2_grpc, worker_pb2_grpc
-from scheduler_svc.config import SchedulerSettings
 from scheduler_svc.engine import Engine
 from scheduler_svc.service import SchedulerServicer, WorkerLinkServicer
 

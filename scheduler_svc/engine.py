@@ -20,9 +20,9 @@ import time
 import grpc
 from prometheus_client import CollectorRegistry, Gauge
 
+from kvledger.config.scheduler import EngineConfig
 from protos import frontend_pb2, worker_pb2
 from scheduler_svc import admission, registration, routing
-from scheduler_svc.config import EngineConfig
 from scheduler_svc.convert import model_infos, request_from_embed_input, request_from_generate
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.request import FinishReason

@@ -28,7 +28,7 @@ from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.errors import PlacementError
 
 if TYPE_CHECKING:
-    from scheduler_svc.config import EngineConfig
+    from kvledger.config.scheduler import EngineConfig
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import prometheus_client
 import uvicorn
 
+from kvledger.config.frontend import Settings
 from kvledger.flags import FRONTEND, config_for, parse
 from kvledger.log import setup_logging
 from kvledger.metrics_http import start_metrics_server
@@ -16,7 +17,6 @@ from kvledger.tls import checked
 from server.app import build_app
 from server.chat_template import ChatTemplateError, check_chat_template
 from server.connections import with_deadlines
-from server.settings import Settings
 
 # Request line and headers together: larger is refused instead of buffered (nginx and
 # most proxies allow 8-16 KiB).

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import kvledger
+from kvledger.config.frontend import Settings
 from kvledger.log import REQUEST_ID
 from kvledger.tls import files_of
 from server.client import SchedulerClient
@@ -20,7 +21,6 @@ from server.errors import error_responses, install_error_handlers
 from server.limits import BodyDeadline, BodySizeLimit
 from server.offload import tokenize_slots
 from server.routes import chat, completions, embeddings, health, models, tokenize
-from server.settings import Settings
 
 __all__ = ["Settings", "build_app"]
 

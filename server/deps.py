@@ -10,9 +10,9 @@ import grpc
 from fastapi import Request
 from fastapi.security import HTTPBearer
 
+from kvledger.config.frontend import Settings
 from server.client import SchedulerClient, ServedModel
 from server.errors import APIError, from_grpc
-from server.settings import Settings
 
 # Declares the bearer scheme in the OpenAPI schema; `tenant` checks the key itself.
 bearer = HTTPBearer(auto_error=False, scheme_name="apiKey", description="an --api-key")

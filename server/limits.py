@@ -1,4 +1,5 @@
-"""Request limits, checked before any model work (their values: `Limits`, server/settings.py)."""
+"""Request limits, checked before any model work (their values: `Limits`,
+kvledger/config/frontend.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from prometheus_client import Counter
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvledger.config.frontend import Limits
 from server.errors import APIError
 from server.protocol import SamplingRequest
-from server.settings import Limits
 
 
 def check_sampling_limits(body: SamplingRequest, limits: Limits, num_prompts: int) -> None:

@@ -230,7 +230,7 @@ def test_choices_come_from_where_the_names_live():
 
 
 def test_the_ledgers_defaults_are_the_core_s():
-    from scheduler_svc.config import EngineConfig
+    from kvledger.config.scheduler import EngineConfig
     from scheduler_svc.core.config import SchedulerConfig
 
     core = {f.name: f.default for f in dataclasses.fields(SchedulerConfig)}

@@ -11,6 +11,7 @@ from typing import Any
 
 import prometheus_client
 
+from kvledger.config.worker import CPU_KV_CACHE_BYTES, WorkerSettings
 from kvledger.flags import WORKER, config_for, parse
 from kvledger.log import setup_logging
 from kvledger.metrics_http import start_metrics_server
@@ -23,7 +24,6 @@ from worker.executor import Executor
 from worker.link import WorkerLinkClient
 from worker.metrics import WorkerMetrics
 from worker.runners import load_runner
-from worker.settings import CPU_KV_CACHE_BYTES, WorkerSettings
 from worker.tp_spawn import RankGroup, exit_now
 
 log = logging.getLogger("worker")

@@ -9,6 +9,7 @@ from types import ModuleType
 
 import torch
 
+from kvledger.config.worker import DTYPES as DTYPE_NAMES
 from worker import native
 from worker.attention import get_backend
 from worker.attention.dense import dense_plan, seq_positions
@@ -21,7 +22,6 @@ from worker.loader import load_weights
 from worker.models import build_model
 from worker.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
 from worker.sampler import NONFINITE_LOGITS, PromptLogprobs, Sample, Sampler, score_tokens
-from worker.settings import DTYPES as DTYPE_NAMES
 
 log = logging.getLogger(__name__)
 

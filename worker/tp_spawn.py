@@ -31,6 +31,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from kvledger.config.worker import WorkerSettings
 from kvledger.log import setup_logging
 from worker.config import ModelConfig, is_encoder
 from worker.distributed import (
@@ -45,7 +46,6 @@ from worker.distributed import (
 from worker.executor import Executor
 from worker.model_runner import ModelRunner
 from worker.runners import Runner
-from worker.settings import WorkerSettings
 from worker.tp_group import GroupExecutor, Message, follow
 
 log = logging.getLogger(__name__)

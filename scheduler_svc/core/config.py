@@ -1,10 +1,10 @@
 """Scheduler configuration: the knobs of one ledger (one worker's KV pool).
 
-The defaults here are written once: the scheduler service's flags (`EngineConfig`,
-scheduler_svc/config.py) read them from this class, and the engine passes every knob to each
-ledger under the same name. `num_blocks`, `block_size` and `max_model_len` come from the
-worker's registration, never from the scheduler's flags; their defaults serve direct users of
-the core (its tests).
+The scheduler service's flags (`EngineConfig`, kvledger/config/scheduler.py) carry the same
+defaults and policy names (tests/test_flags.py keeps them equal: the core imports nothing outside
+itself), and the engine passes every knob to each ledger under the same name. `num_blocks`,
+`block_size` and `max_model_len` come from the worker's registration, never from the
+scheduler's flags; their defaults serve direct users of the core (its tests).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 from httpx import ASGITransport, AsyncClient
 
+from kvledger.config.frontend import Settings
 from server.app import build_app
-from server.settings import Settings
 from tests.serving import REPO, metric_sum, scrape
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from kvledger.config.scheduler import EngineConfig
 from protos import frontend_pb2
-from scheduler_svc.config import EngineConfig
 from scheduler_svc.errors import PlacementError
 from scheduler_svc.registration import (
     REGISTRATION_LIMITS,

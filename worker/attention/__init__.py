@@ -6,6 +6,7 @@ import logging
 
 import torch
 
+from kvledger.config.worker import ATTENTION_BACKENDS
 from worker import native
 from worker.attention.base import AttentionBackend, AttentionMetadata
 from worker.attention.cpu_backend import CpuPagedAttention
@@ -15,7 +16,6 @@ from worker.attention.flash_attn_backend import (
     check_flash_attn,
 )
 from worker.attention.torch_backend import TorchAttention
-from worker.settings import ATTENTION_BACKENDS
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,10 @@
 """The scheduler service's configuration: every flag of `python -m scheduler_svc` is a field here
 (kvledger/options.py derives the flags, their environment variables and help from it).
 
-The ledger's knobs (`EngineConfig`) take their defaults from the core's `SchedulerConfig`, where
-each is written once; the engine hands them to every ledger it builds under the same names.
+The ledger's knobs (`EngineConfig`) carry the same defaults and policy names as the core's
+`SchedulerConfig` (scheduler_svc/core/config.py); the engine hands them to every ledger it builds
+under the same names. They are written in both places because the shared package imports no
+service and the core imports nothing outside itself; tests/test_flags.py keeps them equal.
 """
 
 from __future__ import annotations
@@ -20,25 +22,21 @@ from kvledger.groups import (
     WorkerToken,
 )
 from kvledger.options import group, option
-from scheduler_svc.core.config import POLICIES, SchedulerConfig
 
-_LEDGER = SchedulerConfig  # its class attributes are its field defaults
+# The core's scheduling policies (scheduler_svc/core/config.py: POLICIES).
+POLICIES = ("fcfs", "priority", "fair")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     """What the engine needs: the ledgers' knobs, queue bounds, the step deadline."""
 
-    max_num_seqs: int = option(_LEDGER.max_num_seqs, "most sequences in one step")
-    max_num_batched_tokens: int = option(_LEDGER.max_num_batched_tokens, "token budget of one step")
-    enable_prefix_caching: bool = option(
-        _LEDGER.enable_prefix_caching, "reuse KV blocks of shared prefixes"
-    )
-    enable_chunked_prefill: bool = option(
-        _LEDGER.enable_chunked_prefill, "split long prompts across steps"
-    )
+    max_num_seqs: int = option(64, "most sequences in one step")
+    max_num_batched_tokens: int = option(2048, "token budget of one step")
+    enable_prefix_caching: bool = option(True, "reuse KV blocks of shared prefixes")
+    enable_chunked_prefill: bool = option(True, "split long prompts across steps")
     scheduling_policy: str = option(
-        _LEDGER.scheduling_policy,
+        "fcfs",
         "who is served first: fcfs (first come, first served), priority (the request's "
         "priority, lower first, as in vLLM), fair (tenants, one per API key, take turns; "
         "a tenant's own requests in arrival order; a burst may lose seats to another tenant)",
@@ -64,9 +62,7 @@ class EngineConfig:
         "running request decodes and none waits: fewer messages per token, tokens streamed "
         "in groups of up to this many; 1 = a message per step",
     )
-    debug_invariants: bool = option(
-        _LEDGER.debug_invariants, "check every ledger invariant after every step"
-    )
+    debug_invariants: bool = option(False, "check every ledger invariant after every step")
 
 
 @dataclass(frozen=True)
