@@ -15,6 +15,10 @@ The kind of flag follows from the field:
   taken only when the flag is not given at all);
 - anything else (``int``, ``float``, ``str``, optionally ``| None``): ``--x VALUE``.
 
+A number may carry bounds (`ge`, `le`, as pydantic's fields and vLLM's configs do): the flag,
+its variable and the dataclass itself (`check_bounds`, from its ``__post_init__``) refuse a
+value outside them, so no service checks its settings again.
+
 An environment variable is parsed exactly as its flag would be; a value the flag would refuse
 stops startup with one line naming the variable and what it accepts (exit 2, like argparse).
 
@@ -46,6 +50,8 @@ class _Option:
     choices: tuple[Any, ...] | None
     secret: bool
     aliases: tuple[str, ...] = ()
+    ge: Any = None
+    le: Any = None
 
 
 def option(
@@ -55,14 +61,17 @@ def option(
     choices: Iterable[Any] | None = None,
     secret: bool = False,
     aliases: Iterable[str] = (),
+    ge: Any = None,
+    le: Any = None,
 ) -> Any:
     """A config field that is also a flag and an environment variable. `secret`: handed to
     child processes in the environment, never in argv, and warned about on a command line.
     `aliases`: other spellings the command line accepts (`-tp`, vLLM's short name); the flag
-    handed on to children is always the long name. A list default is copied for each instance."""
+    handed on to children is always the long name. `ge`/`le`: the least and the greatest value
+    accepted (None: unbounded). A list default is copied for each instance."""
     meta = {
         _META: _Option(
-            help, tuple(choices) if choices is not None else None, secret, tuple(aliases)
+            help, tuple(choices) if choices is not None else None, secret, tuple(aliases), ge, le
         )
     }
     if isinstance(default, list):
@@ -74,6 +83,21 @@ def option(
 def group(cls: type) -> Any:
     """A nested config whose fields are flags at this place (flat names)."""
     return dataclasses.field(default_factory=cls)
+
+
+def _bounds(ge: Any, le: Any) -> str:
+    """The accepted range in words ("" when unbounded): ">= 1", "<= 8", "0 to 1"."""
+    if ge is not None and le is not None:
+        return f"{ge} to {le}"
+    if ge is not None:
+        return f">= {ge}"
+    return f"<= {le}" if le is not None else ""
+
+
+def _outside(value: Any, ge: Any, le: Any) -> bool:
+    if value is None:
+        return False
+    return (ge is not None and value < ge) or (le is not None and value > le)
 
 
 @dataclass(frozen=True)
@@ -89,6 +113,15 @@ class Flag:
     path: tuple[str, ...] = ()  # attributes from the service config to the value
     owner: str = ""  # the dataclass that declares the field ("module.Class")
     aliases: tuple[str, ...] = ()  # other command-line spellings ("-tp")
+    ge: Any = None  # the least value accepted (None: no bound)
+    le: Any = None  # the greatest
+
+    @property
+    def bounds(self) -> str:
+        return _bounds(self.ge, self.le)
+
+    def out_of_bounds(self, value: Any) -> bool:
+        return _outside(value, self.ge, self.le)
 
     @property
     def dest(self) -> str:
@@ -151,6 +184,8 @@ def config_flags(cls: type, services: Iterable[str] = (), path: tuple[str, ...] 
                 path=(*path, f.name),
                 owner=f"{owner.__module__}.{owner.__qualname__}",
                 aliases=meta.aliases,
+                ge=meta.ge,
+                le=meta.le,
             )
         )
     return flags
@@ -166,6 +201,16 @@ def from_namespace(cls: type, args: argparse.Namespace | Any) -> Any:
         else:
             values[f.name] = getattr(args, f.name)
     return cls(**values)
+
+
+def check_bounds(config: Any) -> None:
+    """Raises ValueError naming the first field of `config` (its own options, not its groups')
+    whose value is outside the bounds its `option` declares. Call it from ``__post_init__``."""
+    for f in dataclasses.fields(config):
+        meta = f.metadata.get(_META)
+        value = getattr(config, f.name)
+        if meta is not None and _outside(value, meta.ge, meta.le):
+            raise ValueError(f"{f.name} must be {_bounds(meta.ge, meta.le)}, got {value}")
 
 
 # ---- the environment ----
@@ -207,6 +252,8 @@ def env_default(flag: Flag, environ: Mapping[str, str] | None = None) -> Any:
         raise EnvValueError(f"{flag.env_var}={raw!r}: expected {_a(kind)}") from None
     if flag.choices is not None and value not in flag.choices:
         raise EnvValueError(f"{flag.env_var}={raw!r}: expected one of {', '.join(flag.choices)}")
+    if flag.out_of_bounds(value):
+        raise EnvValueError(f"{flag.env_var}={raw!r}: expected a value {flag.bounds}")
     return value
 
 
@@ -233,12 +280,28 @@ def check_env(parser: argparse.ArgumentParser, flags: Iterable[Flag]) -> None:
 # ---- the command line ----
 
 
+def _parser_type(flag: Flag) -> Any:
+    """The flag's type, refusing a value outside its bounds as argparse refuses a bad type."""
+    if flag.ge is None and flag.le is None:
+        return flag.type
+
+    def parse(text: str) -> Any:
+        value = flag.type(text)
+        if flag.out_of_bounds(value):
+            raise argparse.ArgumentTypeError(f"must be {flag.bounds}, got {text}")
+        return value
+
+    parse.__name__ = flag.type.__name__  # argparse names the type in its "invalid" message
+    return parse
+
+
 def add_flags(parser: argparse.ArgumentParser, flags: Iterable[Flag]) -> None:
     flags = list(flags)
     check_env(parser, flags)
     for flag in flags:
         default = env_default(flag)
-        help_text = f"{flag.help} [env {flag.env_var}]"
+        bounds = f" ({flag.bounds})" if flag.bounds else ""
+        help_text = f"{flag.help}{bounds} [env {flag.env_var}]"
         if flag.kind == "bool":
             parser.add_argument(
                 flag.name,
@@ -267,7 +330,7 @@ def add_flags(parser: argparse.ArgumentParser, flags: Iterable[Flag]) -> None:
                 dest=flag.dest,
                 default=default,
                 help=help_text,
-                type=flag.type,
+                type=_parser_type(flag),
                 choices=flag.choices,
             )
 

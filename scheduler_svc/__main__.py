@@ -141,11 +141,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup_logging("scheduler", settings.log_level, settings.log_format)
     check_worker_auth(settings)
     check_frontend_auth(settings)
-    if settings.engine.num_scheduler_steps < 1:
-        raise SystemExit(
-            f"scheduler: --num-scheduler-steps must be at least 1, "
-            f"got {settings.engine.num_scheduler_steps}"
-        )
     asyncio.run(serve(settings))
 
 

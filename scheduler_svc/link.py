@@ -64,9 +64,10 @@ class WorkerLink:
         # Async scheduling (--async-scheduling): a second plan goes out while the worker runs
         # the first, so the worker never waits for the scheduler between steps.
         self.plan_ahead_enabled = plan_ahead
-        # --num-scheduler-steps: decode steps planned at once and sent as one bundle, never
-        # more than the worker said it runs from one message (none to a worker without bundles)
-        self.steps_per_plan = max(min(steps_per_plan, registration.max_steps_per_plan), 1)
+        # --num-scheduler-steps (at least 1): decode steps planned at once and sent as one
+        # bundle, never more than the worker said it runs from one message (a worker built
+        # before bundles says 0: one plan a message)
+        self.steps_per_plan = min(steps_per_plan, max(registration.max_steps_per_plan, 1))
         self._in_flight: list[list[SchedulerOutput]] = []  # unanswered bundles, oldest first
         self._sent_at: list[float] = []  # monotonic time each of them left
         self.step_s = 0.0  # the worker's recent time per decode step (moving average)

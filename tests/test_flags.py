@@ -124,6 +124,7 @@ def test_flag_names_are_unique():
         ("KVLEDGER_SCHEDULING_POLICY", "lifo", "expected one of fcfs, priority, fair"),
         ("KVLEDGER_MAX_NUM_SEQS", "abc", "expected an integer"),
         ("KVLEDGER_WORKER_STEP_TIMEOUT", "soon", "expected a number"),
+        ("KVLEDGER_NUM_SCHEDULER_STEPS", "0", "expected a value >= 1"),
     ],
 )
 def test_a_bad_environment_value_stops_startup_naming_the_variable(
@@ -136,6 +137,25 @@ def test_a_bad_environment_value_stops_startup_naming_the_variable(
         assert stopped.value.code == 2
         [line] = capsys.readouterr().err.strip().splitlines()
         assert f"{var}={value!r}" in line and accepts in line, line
+
+
+def test_a_bounded_setting_refuses_a_value_outside_its_bounds_everywhere(capsys):
+    """`option(ge=1)`: the flag, `serve`'s flag and the dataclass itself refuse 0."""
+    from kvledger.config.scheduler import EngineConfig
+
+    for build in (
+        lambda: parse(SCHEDULER, ["--num-scheduler-steps", "0"], "t"),
+        lambda: cli._serve_parser().parse_args(["--num-scheduler-steps", "0"]),
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            build()
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert "--num-scheduler-steps: must be >= 1, got 0" in err, err
+    with pytest.raises(ValueError, match="num_scheduler_steps must be >= 1, got 0"):
+        EngineConfig(num_scheduler_steps=0)
+    assert parse(SCHEDULER, ["--num-scheduler-steps", "1"], "t").num_scheduler_steps == 1
+    assert {f.name: f for f in FLAGS}["--num-scheduler-steps"].bounds == ">= 1"
 
 
 @pytest.mark.parametrize("word", ["0", "false", "No", "off", " OFF "])

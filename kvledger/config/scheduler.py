@@ -21,7 +21,7 @@ from kvledger.groups import (
     ShutdownOptions,
     WorkerToken,
 )
-from kvledger.options import group, option
+from kvledger.options import check_bounds, group, option
 
 # The core's scheduling policies (scheduler_svc/core/config.py: POLICIES).
 POLICIES = ("fcfs", "priority", "fair")
@@ -61,8 +61,12 @@ class EngineConfig:
         "decode steps planned at once and sent to a worker in one message, while every "
         "running request decodes and none waits: fewer messages per token, tokens streamed "
         "in groups of up to this many; 1 = a message per step",
+        ge=1,
     )
     debug_invariants: bool = option(False, "check every ledger invariant after every step")
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
 
 
 @dataclass(frozen=True)

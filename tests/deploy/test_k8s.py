@@ -13,7 +13,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from kvledger.config.worker import CPU_KV_CACHE_BYTES
 from kvledger.flags import DEFAULT_METRICS_PORT, FRONTEND, SCHEDULER, WORKER, flags_for
+from kvledger.options import env_default
 from tests.deploy.k8s import (
     CRD_KINDS,
     KUBERNETES_VERSIONS,
@@ -36,6 +38,17 @@ from tests.deploy.k8s import (
 from tests.deploy.tools import REPO
 
 NON_FLAG_ENV = {"KVLEDGER_CACHE_DIR"}  # the model cache directory (kvledger/models.py)
+# Defaults that a flag defaulting to None stands for on a CPU worker (kvledger/config/worker.py).
+EFFECTIVE_DEFAULT = {"KVLEDGER_KV_CACHE_MEMORY_BYTES": CPU_KV_CACHE_BYTES}
+# Set even where they equal the default: the ports are those the containerPorts, Services and
+# probes name, and the model is the one the frontend's KVLEDGER_REQUIRE_MODEL waits for.
+PINNED = {
+    "KVLEDGER_PORT",
+    "KVLEDGER_GRPC_PORT",
+    "KVLEDGER_METRICS_PORT",
+    "KVLEDGER_MODEL",
+    "KVLEDGER_SERVED_MODEL_NAME",
+}
 IMAGE_UID = 1000  # the user `kvledger` of both Dockerfiles
 
 FRONTEND_DEPLOYMENT = "kvledger-frontend"
@@ -218,13 +231,36 @@ def test_same_shape_as_docker_compose(overlay):
         theirs = compose_env(twin)
         k8s_only = K8S_ONLY_ENV | (TLS_ENV if overlay in TLS_OVERLAYS else set())
         assert compose_services()[twin]["command"] == container(dep)["command"], name
-        assert ours - k8s_only == set(theirs), f"{name} vs compose {twin}"
+        # compose may restate a default that the manifests leave out
+        restated = {k for k, v in theirs.items() if k not in PINNED and _is_default(dep, k, v)}
+        assert set(theirs) - restated <= ours - k8s_only <= set(theirs), f"{name} vs {twin}"
         values = env_values(dep)
         for key, value in theirs.items():
             if value is None:  # required in compose: a secret
                 assert key not in values, f"{name}: {key} comes from the Secret"
-            elif key not in DIFFERENT_VALUE:
+            elif key not in DIFFERENT_VALUE and key in values:
                 assert values[key] == value, f"{name}: {key} differs from compose {twin}"
+
+
+def _is_default(dep: dict, key: str, value: str | None) -> bool:
+    """The variable's value is what its flag gives anyway (read as the flag reads it)."""
+    flag = {f.env_var: f for f in flags_for(service_of(dep))}.get(key)
+    if flag is None or value is None:
+        return False
+    return env_default(flag, {key: value}) == EFFECTIVE_DEFAULT.get(key, flag.default)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_variable_restates_its_flags_default(overlay):
+    """Set only what differs from the default, so that a changed default is not silently
+    pinned here; PINNED says which values other objects of the manifests depend on."""
+    for name, dep in deployments(overlay).items():
+        restated = [
+            key
+            for key, value in env_values(dep).items()
+            if key not in PINNED and _is_default(dep, key, value)
+        ]
+        assert restated == [], f"{name} restates the default of {restated}"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
