@@ -1,4 +1,4 @@
-"""Prometheus exposition for the scheduler service (names: DESIGN section 9)."""
+"""Prometheus exposition for the scheduler service (names: docs/design.md, "Contracts")."""
 
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ from kvledger.flags import (
 )
 from kvledger.options import config_flags, fill_list_defaults, flag_argv
 
-DESIGN_FLAGS = {
+# The flags of docs/design.md, "Contracts", by the service that takes them.
+CONTRACT_FLAGS = {
     FRONTEND: {"--host", "--port", "--api-key"},
     SCHEDULER: {
         "--enable-prefix-caching",
@@ -46,9 +47,9 @@ DESIGN_FLAGS = {
 
 
 @pytest.mark.parametrize("service", [FRONTEND, SCHEDULER, WORKER])
-def test_design_flags_belong_to_their_service(service):
+def test_contract_flags_belong_to_their_service(service):
     names = {f.name for f in flags_for(service)}
-    assert DESIGN_FLAGS[service] <= names
+    assert CONTRACT_FLAGS[service] <= names
 
 
 def test_every_flag_reads_its_environment_variable(monkeypatch):
@@ -65,7 +66,7 @@ def test_every_flag_reads_its_environment_variable(monkeypatch):
     assert parse(SCHEDULER, ["--max-num-seqs", "3"], "t").max_num_seqs == 3
 
 
-def test_default_ports_match_the_design():
+def test_default_ports_are_the_contract_s():
     assert parse(FRONTEND, [], "t").port == 8000
     sched = parse(SCHEDULER, [], "t")
     assert (sched.grpc_port, sched.metrics_port) == (50051, 9400)

@@ -7,9 +7,10 @@ is the declared one: a scheduler that believes a block still holds a prefix afte
 evicted and reused is caught here, across the process boundary, before anything reads it.
 
 A claim may also name a block that another request of the same plan writes in this step
-(same-step sharing, DESIGN section 3): every layer writes all new K/V before any query reads
-the cache, so such a claim holds if, and only if, that writer really runs. What a plan declares
-is recorded only after the plan ran, and only for requests that did run and wrote KV.
+(same-step sharing, docs/design.md, "The ledger"): every layer writes all new K/V before any
+query reads the cache, so such a claim holds if, and only if, that writer really runs. What a
+plan declares is recorded only after the plan ran, and only for requests that did run and
+wrote KV.
 
 Pure: no wire messages, no torch, no clock.
 """

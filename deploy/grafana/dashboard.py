@@ -1,7 +1,7 @@
 """Writes deploy/grafana/dashboards/kvledger.json, the provisioned kvledger dashboard.
 
 The JSON is generated so that every query uses the same datasource, model filter and rate window,
-and the metric names stay those of DESIGN section 9. Edit the panels here, then run
+and the metric names stay those of docs/design.md, "Contracts". Edit the panels here, then run
 `python deploy/grafana/dashboard.py` (`--check` exits 1 when the JSON is stale; CI runs it).
 Standard library only. What each panel means: docs/operations.md.
 """

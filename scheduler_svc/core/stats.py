@@ -1,4 +1,4 @@
-"""Counters the service exports (DESIGN section 9), and the live gauges.
+"""Counters the service exports (names: docs/design.md, "Contracts"), and the live gauges.
 
 Only what the ledger alone knows is counted here, and every counter is exported
 (scheduler_svc/metrics.py's LedgerCollector reads the snapshot). Finished requests and prompt

@@ -4,7 +4,7 @@ A step is a flat varlen batch: the new tokens of all sequences concatenated, eac
 `start_pos` tokens already in the KV cache. A backend, for every layer, FIRST writes the new K/V
 of the whole batch into their cache slots, THEN lets each query attend over its sequence's
 cached context through its block table. That order is what lets a request read, in the same
-step, blocks another request writes (DESIGN section 3, "Same-step sharing").
+step, blocks another request writes (docs/design.md, "The ledger": same-step sharing).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The KV memory layout is already flash-attn's paged layout: per layer
 `[num_blocks, block_size, num_kv_heads, head_dim]`, indexed through an int32 block table
 `[num_seqs, max_blocks]`. Per layer the new K/V of the whole batch are written first (as the
-torch backend does, DESIGN section 3), then:
+torch backend does: docs/design.md, "The ledger"), then:
 
 - a batch of decodes only -> `flash_attn_with_kvcache(q [S, 1, H, D], ..., cache_seqlens,
   block_table)`;
