@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Exactly this torch: the CPU build lies on local disk; any other version pulls a CUDA build.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: install system-deps run test lint protos check-protos bench clean
+.PHONY: install system-deps run test lint protos check-protos docs bench clean
 
 install: $(STAMP)
 
@@ -43,6 +43,10 @@ check-protos: install
 	for f in $$tmp/protos/*; do \
 		cmp -s $$f protos/$$(basename $$f) || { echo "stale generated file: protos/$$(basename $$f) (run make protos)"; exit 1; }; \
 	done && rm -rf $$tmp
+
+# docs/configuration.md from the config dataclasses (tests/test_docgen.py fails when stale).
+docs: install
+	$(BIN)/python -m kvledger.docgen
 
 bench: install
 	$(BIN)/python benchmarks/scheduler_step.py
