@@ -1,7 +1,8 @@
 """--num-scheduler-steps: decode steps planned at once and sent to the worker in one message.
 
 The scheduler service runs over real gRPC with real worker links; the model is the stand-in
-of tests/service/helpers.py (a token that depends only on the position).
+of tests/service/helpers.py (a token that depends only on the position). The cancel and
+lost-worker scenarios of test_links.py run with and without bundles (`stepped_scheduler`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from scheduler_svc.core.request import FinishReason, Request
 from scheduler_svc.link import WorkerLink
 from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
 from scheduler_svc.service import _ready_with
-from tests.service import test_links as links  # its scenarios, run here with bundles
 from tests.service.helpers import (
     EOS,
     PositionRunner,
@@ -108,11 +108,6 @@ def test_requests_of_different_lengths_end_inside_bundles():
             worker.stop()
 
 
-def test_a_cancel_while_a_bundle_is_out_frees_everything():
-    with running_scheduler("--num-scheduler-steps", STEPS) as scheduler:
-        links.test_client_cancel_aborts_and_frees(scheduler)
-
-
 def test_a_request_arriving_during_bundles_is_served():
     with running_scheduler("--num-scheduler-steps", "8") as scheduler:
         worker = Worker(scheduler.target, "w0")
@@ -128,11 +123,6 @@ def test_a_request_arriving_during_bundles_is_served():
             wait_for(lambda: ledger_idle(scheduler))
         finally:
             worker.stop()
-
-
-def test_a_lost_worker_mid_bundle_continues_on_another():
-    with running_scheduler("--num-scheduler-steps", STEPS) as scheduler:
-        links.test_lost_worker_requests_continue_on_another(scheduler)
 
 
 class SlowRunner(PositionRunner):

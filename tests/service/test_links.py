@@ -37,7 +37,8 @@ def test_generate_streams_every_token_and_frees_everything(scheduler):
         worker.stop()
 
 
-def test_client_cancel_aborts_and_frees(scheduler):
+def test_client_cancel_aborts_and_frees(stepped_scheduler):
+    scheduler = stepped_scheduler
     worker = Worker(scheduler.target, "w0")
     try:
         wait_for(lambda: scheduler.engine.links)
@@ -71,7 +72,8 @@ def test_errors_map_to_status_codes(scheduler):
     assert err.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE)
 
 
-def test_lost_worker_requests_continue_on_another(scheduler):
+def test_lost_worker_requests_continue_on_another(stepped_scheduler):
+    scheduler = stepped_scheduler
     first = Worker(scheduler.target, "w0")
     wait_for(lambda: len(scheduler.engine.links) == 1)
     stream = generate(scheduler.target, "r1", list(range(1, 20)), 40)
