@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Exactly this torch: the CPU build lies on local disk; any other version pulls a CUDA build.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: install system-deps run test lint protos check-protos docs bench clean
+.PHONY: install system-deps run test test-fast lint protos check-protos docs bench clean
 
 install: $(STAMP)
 
@@ -26,6 +26,10 @@ system-deps:
 
 test: install system-deps check-protos lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The inner loop: unit and service tests (markers by directory: tests/conftest.py), lint.
+test-fast: install lint
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

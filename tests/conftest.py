@@ -1,6 +1,43 @@
+"""Fixtures the whole suite shares, and the markers every test gets from where it lives.
+
+Markers follow the directory, not the file, so a new test module is marked without a line of
+its own: `unit` (tests/core, tests/server, tests/worker and the modules at the top of tests/:
+one process, no service started), `service` (tests/service: the scheduler service over real
+gRPC in this process), `e2e` (tests/e2e: real processes, HTTP and the official client) and
+`deploy` (tests/deploy: compose, Kubernetes, Prometheus). `slow` marks e2e and deploy, the
+tests that start whole stacks or external tools; `make test-fast` runs the rest.
+"""
+
+from pathlib import Path
+
 import pytest
 
 from tests.service.helpers import running_scheduler
+
+TESTS = Path(__file__).parent
+MARKERS_BY_DIRECTORY = {
+    "core": ("unit",),
+    "server": ("unit",),
+    "worker": ("unit",),
+    "service": ("service",),
+    "e2e": ("e2e", "slow"),
+    "deploy": ("deploy", "slow"),
+}
+
+
+def markers_for(path: Path) -> tuple[str, ...]:
+    """The markers of a test file: by its first directory under tests/ (a module at the top
+    of tests/ is a unit test)."""
+    parts = path.resolve().relative_to(TESTS).parts
+    if len(parts) == 1:
+        return ("unit",)
+    return MARKERS_BY_DIRECTORY[parts[0]]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for name in markers_for(item.path):
+            item.add_marker(name)
 
 
 @pytest.fixture

@@ -3,13 +3,6 @@ import pytest
 from tests.service.helpers import running_scheduler
 
 
-@pytest.fixture
-def scheduler():
-    """A scheduler service running in this process (see `running_scheduler`)."""
-    with running_scheduler() as handle:
-        yield handle
-
-
 @pytest.fixture(params=[1, 4], ids=lambda steps: f"steps={steps}")
 def stepped_scheduler(request):
     """The scheduler with one plan a message, and with bundles of up to 4 decode steps
