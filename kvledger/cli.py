@@ -55,10 +55,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-# tests call it by this name
-_serve_parser = serve_parser
-
-
 def _popen(module: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", module, *argv]
     log.debug("starting %s", " ".join(cmd))

@@ -27,7 +27,6 @@ from scheduler_svc.convert import model_infos, request_from_embed_input, request
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.request import FinishReason
 from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.core.stats import SchedulerSnapshot
 from scheduler_svc.errors import PlacementError
 from scheduler_svc.link import WorkerLink
 from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
@@ -67,10 +66,6 @@ class Engine:
         ).set(config.max_waiting_requests)
 
     # ---- workers ----
-
-    def ledger_snapshots(self) -> list[tuple[str, str, SchedulerSnapshot]]:
-        """(model, worker, snapshot) of every ledger, lost workers' included (gauges at 0)."""
-        return self.readings.snapshots()
 
     def ledger_config(self, reg: worker_pb2.Registration) -> SchedulerConfig:
         """The ledger a registration asks for; PlacementError when it cannot be served."""

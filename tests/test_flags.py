@@ -9,7 +9,7 @@ import typing
 
 import pytest
 
-from kvledger import children, cli
+from kvledger import children
 from kvledger.flags import (
     CONFIGS,
     FLAGS,
@@ -97,7 +97,7 @@ def test_serve_hands_each_flag_to_its_service_unchanged(service, monkeypatch):
         "--max-model-len",
         "512",
     ]
-    serve_args = cli._serve_parser().parse_args(serve_argv + ["--worker-auth-token", "s3"])
+    serve_args = children.serve_parser().parse_args(serve_argv + ["--worker-auth-token", "s3"])
     argv = to_argv(serve_args, service)
     assert "a" not in argv and "s3" not in argv, "secrets never go on a command line"
     for name, value in to_env(serve_args, service).items():
@@ -132,7 +132,7 @@ def test_a_bad_environment_value_stops_startup_naming_the_variable(
     var, value, accepts, monkeypatch, capsys
 ):
     monkeypatch.setenv(var, value)
-    for build in (lambda: parse(SCHEDULER, [], "t"), lambda: cli._serve_parser()):
+    for build in (lambda: parse(SCHEDULER, [], "t"), lambda: children.serve_parser()):
         with pytest.raises(SystemExit) as stopped:
             build()
         assert stopped.value.code == 2
@@ -146,7 +146,7 @@ def test_a_bounded_setting_refuses_a_value_outside_its_bounds_everywhere(capsys)
 
     for build in (
         lambda: parse(SCHEDULER, ["--num-scheduler-steps", "0"], "t"),
-        lambda: cli._serve_parser().parse_args(["--num-scheduler-steps", "0"]),
+        lambda: children.serve_parser().parse_args(["--num-scheduler-steps", "0"]),
     ):
         with pytest.raises(SystemExit) as stopped:
             build()
@@ -273,7 +273,7 @@ def test_serve_and_the_configs_load_without_torch_grpc_or_the_web_framework():
 def test_serve_s_own_environment_values_are_checked_like_flags(monkeypatch, capsys):
     monkeypatch.setenv("KVLEDGER_NUM_WORKERS", "two")
     with pytest.raises(SystemExit) as stopped:
-        cli._serve_parser()
+        children.serve_parser()
     assert stopped.value.code == 2
     assert "KVLEDGER_NUM_WORKERS='two': expected an integer" in capsys.readouterr().err
 
@@ -335,7 +335,7 @@ def test_serve_forwards_every_flag_a_child_accepts(monkeypatch):
     argv = [a for f in children.serve_flags() for a in flag_argv(f, _unusual(f))]
     with monkeypatch.context() as m:
         m.delenv("KVLEDGER_API_KEY", raising=False)
-        serve_args = cli._serve_parser().parse_args(argv)
+        serve_args = children.serve_parser().parse_args(argv)
     specs = children.plan(serve_args)
     assert [(s.name, s.role) for s in specs] == [
         ("scheduler", SCHEDULER),
@@ -387,7 +387,7 @@ def test_tensor_parallel_size_has_vllms_short_name_and_skips_the_embedding_worke
     the embedding worker stays single-rank."""
     assert parse(WORKER, ["-tp", "2"], "t").tensor_parallel_size == 2
     assert parse(WORKER, [], "t").tensor_parallel_size == 1
-    args = cli._serve_parser().parse_args(["-tp", "2", "--num-workers", "2"])
+    args = children.serve_parser().parse_args(["-tp", "2", "--num-workers", "2"])
     fill_list_defaults(args, [*FLAGS, *children.SERVE_ONLY_FLAGS])
     specs = children.plan(args)
     by_name = {spec.name: parse(spec.service, spec.argv, "t") for spec in specs}

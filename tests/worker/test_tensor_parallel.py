@@ -150,7 +150,6 @@ def test_an_idle_group_outlives_the_collective_timeout(models) -> None:
 
 
 def test_heads_split_as_megatron_and_vllm_do() -> None:
-    assert split_heads(8, 4, 1, 2) == split_heads(8, 4, 1, 2)
     assert (split_heads(8, 4, 1, 2).q_start, split_heads(8, 4, 1, 2).kv_start) == (4, 2)
     # 2 KV heads on 4 ranks: each replicated twice, rank r reads KV head r * 2 // 4
     assert [split_heads(8, 2, r, 4).kv_start for r in range(4)] == [0, 0, 1, 1]
