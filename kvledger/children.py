@@ -13,6 +13,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from kvledger.flag_values import flag_argv
 from kvledger.flags import (
     DEFAULT_METRICS_PORT,
     FLAGS,
@@ -24,7 +25,7 @@ from kvledger.flags import (
     to_env,
 )
 from kvledger.models import EMBEDDING_MODEL
-from kvledger.options import Flag, config_flags, flag_argv, option
+from kvledger.options import Flag, config_flags, option
 
 SERVE = "serve"
 EMBEDDING_WORKER = "embedding worker"

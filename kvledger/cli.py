@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvledger.children import SERVE_ONLY_FLAGS, ChildSpec, plan, required_models, serve_parser
+from kvledger.flag_values import fill_list_defaults, warn_secrets_on_command_line
 from kvledger.flags import FLAGS
 from kvledger.log import setup_logging
-from kvledger.options import fill_list_defaults, warn_secrets_on_command_line
 
 log = logging.getLogger("kvledger.serve")
 

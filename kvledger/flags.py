@@ -19,21 +19,19 @@ from typing import Any
 from kvledger.config.frontend import Settings
 from kvledger.config.scheduler import SchedulerSettings
 from kvledger.config.worker import WorkerSettings
-from kvledger.options import (
+from kvledger.flag_values import (
     FALSE_WORDS,
     TRUE_WORDS,
     EnvValueError,
-    Flag,
     add_flags,
     check_env,
-    config_flags,
     env_errors,
     fill_list_defaults,
     flag_argv,
     flag_env,
-    from_namespace,
     warn_secrets_on_command_line,
 )
+from kvledger.options import Flag, config_flags, from_namespace
 
 __all__ = [
     "CONFIGS",

@@ -10,6 +10,7 @@ import typing
 import pytest
 
 from kvledger import children
+from kvledger.flag_values import fill_list_defaults, flag_argv
 from kvledger.flags import (
     CONFIGS,
     FLAGS,
@@ -21,7 +22,7 @@ from kvledger.flags import (
     to_argv,
     to_env,
 )
-from kvledger.options import config_flags, fill_list_defaults, flag_argv
+from kvledger.options import config_flags
 
 # The flags of docs/design.md, "Contracts", by the service that takes them.
 CONTRACT_FLAGS = {

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from kvledger.config.worker import CPU_KV_CACHE_BYTES
+from kvledger.flag_values import env_default
 from kvledger.flags import DEFAULT_METRICS_PORT, FRONTEND, SCHEDULER, WORKER, flags_for
-from kvledger.options import env_default
 from tests.deploy.k8s import (
     CRD_KINDS,
     KUBERNETES_VERSIONS,
