@@ -1,7 +1,8 @@
 """llama.cpp's `llama-server` as the benchmarks run it: on an F32 GGUF of the very weights
 kvledger serves (written once by benchmarks/gguf_export.py into kvledger's cache), on loopback.
 
-The binary is built from the llama-cpp-python sdist (README: "llama.cpp without downloads").
+The binary is built from the llama-cpp-python sdist (docs/benchmarks.md, "Against llama.cpp
+and transformers").
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ Engines, each on the same float32 random Llama and the same token-id prompts (48
   over HTTP at concurrency 16 and 1 by benchmarks/load.py;
 - llama.cpp's `llama-server` (`-np 16 -t THREADS --cont-batching`, the same weights written as
   an F32 GGUF by benchmarks/gguf_export.py), driven the same way; skipped, saying so, without
-  `--llama-server` or $LLAMA_SERVER (README: how to build it from the llama-cpp-python sdist);
+  `--llama-server` or $LLAMA_SERVER (docs/benchmarks.md: how to build it from the
+  llama-cpp-python sdist);
 - Hugging Face transformers `generate` on static batches of 16 and of 1 (its fair best case: no
   server, no queueing, every batch starts together), in a child process.
 
@@ -149,7 +150,10 @@ def main() -> None:
             gguf = gguf_of(model, args.size)
             report["llama.cpp"] = run_llama_cpp(args.llama_server, gguf, runs, args.threads, wl)
         else:
-            print("llama.cpp skipped: give --llama-server PATH (see README)", file=sys.stderr)
+            print(
+                "llama.cpp skipped: give --llama-server PATH (see docs/benchmarks.md)",
+                file=sys.stderr,
+            )
     if "transformers" in engines:
         report["transformers"] = run_transformers(model, wl, c1, args.threads)
     print_table(report, args, model)

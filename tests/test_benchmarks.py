@@ -1,5 +1,5 @@
 """The benchmarks' pure parts: the workload they send and the GGUF weight layout for llama.cpp.
-(Timings are never asserted: they live in benchmarks/ and the README.)"""
+(Timings are never asserted: they live in docs/benchmarks.md.)"""
 
 from __future__ import annotations
 
