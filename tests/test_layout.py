@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.conftest import MARKERS_BY_DIRECTORY
 from tests.import_graph import imports_of
 
 TESTS = Path(__file__).parent
@@ -49,3 +50,9 @@ def test_the_guard_catches_every_spelling(tmp_path):
         "tests/b/test_from_package.py imports tests.a.test_x",
         "tests/b/test_import.py imports tests.a.test_x",
     ]
+
+
+def test_every_test_directory_has_its_markers():
+    """tests/conftest.py marks tests by directory: a new one must say which kind it holds."""
+    folders = {p.relative_to(TESTS).parts[0] for p in TESTS.glob("*/**/test_*.py")}
+    assert folders - set(MARKERS_BY_DIRECTORY) == set()
