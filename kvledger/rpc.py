@@ -1,8 +1,13 @@
-"""gRPC settings every service shares."""
+"""gRPC settings and protocol limits every service shares."""
 
 from __future__ import annotations
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+# Most logprobs (top alternatives) per token, sampled or prompt: OpenAI's own bound for
+# completions' `logprobs` and chat's `top_logprobs`. A limit of the protocol: the frontend
+# checks it, the worker enforces it.
+MAX_LOGPROBS = 20
 
 # Initial metadata the scheduler sends once it has admitted a Generate call: from then on the
 # request is live, and the frontend re-submits it if the link breaks (server/resume.py); a

@@ -12,7 +12,7 @@ from pydantic import (
     model_serializer,
 )
 
-from kvledger.limits import MAX_LOGPROBS
+from kvledger.rpc import MAX_LOGPROBS
 from server.protocol import INT32_MAX, SamplingRequest, text_fields
 from server.responses import Usage
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kvledger.limits import MAX_LOGPROBS
+from kvledger.rpc import MAX_LOGPROBS
 
 INT32_MAX = 2**31 - 1
 # strict: JSON true/false or 1.5 are not token ids (lax mode read true as 1)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvledger.limits import MAX_LOGPROBS
+from kvledger.rpc import MAX_LOGPROBS
 from worker.attention.base import AttentionMetadata
 from worker.sampling_params import GREEDY, SamplingParams
 
