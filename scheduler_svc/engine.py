@@ -23,7 +23,12 @@ from prometheus_client import CollectorRegistry, Gauge
 from protos import frontend_pb2, worker_pb2
 from scheduler_svc import admission, registration, routing
 from scheduler_svc.config import EngineConfig
-from scheduler_svc.convert import model_infos, request_from_embed_input, request_from_generate
+from scheduler_svc.convert import (
+    model_infos,
+    request_from_embed_input,
+    request_from_generate,
+    sampling_with_min_tokens,
+)
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.request import FinishReason
 from scheduler_svc.core.scheduler import Scheduler
@@ -172,8 +177,10 @@ class Engine:
             req.request_id, req.model, prompt_and_resumed, embed=False, queued=not resumed
         )
         admission.check_continuation(len(resumed), req.stop.max_tokens)
+        admission.check_priority(req.priority, self.config.scheduling_policy)
         core = request_from_generate(req, reg.eos_token_ids)
-        live = LiveRequest(core=core, model=req.model, sampling=req.sampling)
+        sampling = sampling_with_min_tokens(req, reg.eos_token_ids)
+        live = LiveRequest(core=core, model=req.model, sampling=sampling)
         self._place(live)
         return live
 
