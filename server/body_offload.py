@@ -80,10 +80,10 @@ def parsed(model: type[BaseModel], raw: bytes, limits: Limits) -> Any:
 
 
 def _decode(raw: bytes) -> Any:
-    """Bodies up to SMALL_BODY_BYTES: json.loads (a few ms). Larger ones: the same decoder with Python's own scanner, so
-    that the thread parsing them lets the event loop run every few milliseconds (the C
-    scanner holds the GIL for a whole body: ~30 ms per 4 MB on an idle core, seconds on a
-    loaded one); its strings are still read by the C string scanner."""
+    """Bodies up to SMALL_BODY_BYTES: json.loads (one short C call). Larger ones: the same
+    decoder with Python's own scanner, so that the thread parsing them lets the event loop
+    run every few milliseconds (the C scanner holds the GIL for the whole body); their
+    strings are still read by the C string scanner."""
     if len(raw) <= SMALL_BODY_BYTES:
         return json.loads(raw)
     text = raw.decode(json.detect_encoding(raw))

@@ -53,11 +53,23 @@ def chat_prompt(
         except MarkerError as err:
             raise APIError(400, str(err), param="messages") from None
     check_text_fits(len(text), model, "messages")
+    _check_unicode(text)
     special = options.add_special_tokens
     ids = encode_plain_spans(model.tokenizer, model.special_texts, text, spans, special)
     if not ids:
         raise APIError(400, "the messages render to an empty prompt", param="messages")
     return ids
+
+
+def _check_unicode(text: str) -> None:
+    """A message's other fields are the template's to read and are not checked one by one: a
+    lone surrogate one of them carried into the text cannot be tokenized (it was a 500)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(
+            400, "messages must be valid Unicode text (no lone surrogates)", param="messages"
+        ) from None
 
 
 def check_messages(messages: list[ChatMessage], limits: Limits) -> None:

@@ -179,3 +179,12 @@ def test_kwargs_cannot_smuggle_control_tokens(model):
         chat_template_kwargs={"greeting": "[CLS][SEP]"},
     )
     assert ids.count(SEP) == 1 and ids.count(CLS) == 1
+
+
+def test_a_lone_surrogate_the_template_renders_from_any_field_is_a_400(model):
+    source = "{% for m in messages %}{{ m['role'] }}{{ m['extra'] }}{% endfor %}"
+    templated = ServedModel(model.info, model.tokenizer, ChatTemplate(source))
+    message = ChatMessage(role="user", content="hi", extra="\ud800")
+    with pytest.raises(APIError, match="lone surrogates") as refused:
+        chat_prompt([message], ChatTemplateOptions(), templated)
+    assert refused.value.param == "messages"
