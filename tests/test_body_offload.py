@@ -1,6 +1,6 @@
 """Bodies parsed off the event loop (server/body_offload.py): the same values and the same
-errors as FastAPI's own parsing, lists counted before validation, and what FastAPI answered
-with a 500 (a body nested past Python's recursion limit) a 400."""
+errors as FastAPI's own parsing, lists counted before validation, and a body nested past
+Python's recursion limit, or not UTF-8, a 400 saying so."""
 
 from __future__ import annotations
 
