@@ -9,6 +9,7 @@ the same answer: request id in use, model (exists, up, right kind, queue), promp
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import grpc
 
@@ -24,6 +25,7 @@ def check_model(
     embed: bool,
     num_waiting: int,
     max_waiting: int,
+    share: TenantShare | None = None,
 ) -> worker_pb2.Registration:
     """The model's registration (its workers are interchangeable), when `workers` (those up
     for it) can take one more request: `known` says a worker ever served it (UNAVAILABLE
@@ -40,11 +42,28 @@ def check_model(
         raise PlacementError(
             grpc.StatusCode.INVALID_ARGUMENT, f"model {model!r} is an embedding model"
         )
-    if num_waiting >= max_waiting:
+    if num_waiting >= max_waiting and (share is None or not share.admits(num_waiting, max_waiting)):
         raise PlacementError(
             grpc.StatusCode.RESOURCE_EXHAUSTED, f"the queue for model {model!r} is full"
         )
     return reg
+
+
+@dataclass(frozen=True)
+class TenantShare:
+    """The fair policy's waiting cap, shared out per tenant. While the queue is below
+    max_waiting anyone is admitted, as under every policy. Once it is full, a tenant is still
+    admitted while it holds fewer waiting requests than its share, max_waiting divided by the
+    tenants with requests waiting (itself counted), up to twice max_waiting in all: a tenant
+    that floods the queue fills it, yet one running nothing still gets in. Before, a tenant
+    keeping 90 requests in flight against a cap of 64 had every request of another refused."""
+
+    tenant_waiting: int  # this tenant's waiting requests
+    num_tenants: int  # tenants with requests waiting, this one counted
+
+    def admits(self, num_waiting: int, max_waiting: int) -> bool:
+        share = -(-max_waiting // max(self.num_tenants, 1))
+        return num_waiting < 2 * max_waiting and self.tenant_waiting < share
 
 
 def check_prompt(token_ids: Sequence[int], vocab_size: int) -> None:
@@ -67,4 +86,15 @@ def check_continuation(num_resumed: int, max_tokens: int) -> None:
         raise PlacementError(
             grpc.StatusCode.INVALID_ARGUMENT,
             "a continuation must hold fewer resumed tokens than max_tokens",
+        )
+
+
+def check_priority(priority: int, policy: str) -> None:
+    """A priority other than 0 needs the priority policy (vLLM refuses it so too): under any
+    other it would be silently ignored."""
+    if priority and policy != "priority":
+        raise PlacementError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"priority {priority} was given, but the scheduling policy is {policy!r}, not "
+            "'priority' (start the scheduler with --scheduling-policy priority)",
         )

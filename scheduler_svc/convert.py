@@ -47,6 +47,24 @@ def request_from_generate(
     )
 
 
+def sampling_with_min_tokens(
+    req: frontend_pb2.GenerateRequest, eos_token_ids: Iterable[int]
+) -> frontend_pb2.SamplingParams:
+    """The request's sampling as workers get it: with min_tokens, the ids that may not be
+    sampled before it is reached (stop_token_ids, and EOS unless ignore_eos), so that they are
+    masked, not merely ignored as stops (vLLM's min_tokens)."""
+    sampling = frontend_pb2.SamplingParams()
+    sampling.CopyFrom(req.sampling)
+    del sampling.min_tokens_masked_ids[:]
+    sampling.min_tokens = req.stop.min_tokens
+    if req.stop.min_tokens:
+        masked = set(req.stop.stop_token_ids)
+        if not req.stop.ignore_eos:
+            masked.update(eos_token_ids)
+        sampling.min_tokens_masked_ids.extend(sorted(masked))
+    return sampling
+
+
 def request_from_embed_input(request_id: str, token_ids: list[int], tenant: str) -> Request:
     """One input of an Embed call: a pass over its tokens, no output tokens."""
     return Request(

@@ -16,6 +16,7 @@ import gc
 import logging
 import sys
 import time
+from collections import Counter
 
 import grpc
 from prometheus_client import CollectorRegistry, Gauge
@@ -23,7 +24,12 @@ from prometheus_client import CollectorRegistry, Gauge
 from kvledger.config.scheduler import EngineConfig
 from protos import frontend_pb2, worker_pb2
 from scheduler_svc import admission, registration, routing
-from scheduler_svc.convert import model_infos, request_from_embed_input, request_from_generate
+from scheduler_svc.convert import (
+    model_infos,
+    request_from_embed_input,
+    request_from_generate,
+    sampling_with_min_tokens,
+)
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.request import FinishReason
 from scheduler_svc.core.scheduler import Scheduler
@@ -164,11 +170,18 @@ class Engine:
         # A continuation was admitted before its frontend's link broke: it is not new load,
         # and a full queue must not end a stream that already sent text.
         reg = self._admissible(
-            req.request_id, req.model, prompt_and_resumed, embed=False, queued=not resumed
+            req.request_id,
+            req.model,
+            prompt_and_resumed,
+            embed=False,
+            queued=not resumed,
+            tenant=req.tenant,
         )
         admission.check_continuation(len(resumed), req.stop.max_tokens)
+        admission.check_priority(req.priority, self.config.scheduling_policy)
         core = request_from_generate(req, reg.eos_token_ids)
-        live = LiveRequest(core=core, model=req.model, sampling=req.sampling)
+        sampling = sampling_with_min_tokens(req, reg.eos_token_ids)
+        live = LiveRequest(core=core, model=req.model, sampling=sampling)
         self._place(live)
         return live
 
@@ -180,7 +193,7 @@ class Engine:
         embed: worker_pb2.EmbedParams,
         tenant: str = "",
     ) -> LiveRequest:
-        self._admissible(request_id, model, token_ids, embed=True)
+        self._admissible(request_id, model, token_ids, embed=True, tenant=tenant)
         core = request_from_embed_input(request_id, token_ids, tenant)
         live = LiveRequest(
             core=core, model=model, sampling=frontend_pb2.SamplingParams(), embed=embed
@@ -205,10 +218,17 @@ class Engine:
         return all([link.scheduler.reset_prefix_cache() for link in self.links.values()])
 
     def _admissible(
-        self, request_id: str, model: str, token_ids: list[int], embed: bool, queued: bool = True
+        self,
+        request_id: str,
+        model: str,
+        token_ids: list[int],
+        embed: bool,
+        queued: bool = True,
+        tenant: str = "",
     ) -> worker_pb2.Registration:
         """The model's registration, when a new request may be placed (admission.py's order);
-        `queued=False` skips the queue limit (a continuation)."""
+        `queued=False` skips the queue limit (a continuation). Under the fair policy the
+        tenant's share of the queue is weighed too (admission.TenantShare)."""
         if self.link_of(request_id) is not None:
             raise PlacementError(
                 grpc.StatusCode.ALREADY_EXISTS, f"request id {request_id!r} is already in use"
@@ -221,9 +241,17 @@ class Engine:
             embed=embed,
             num_waiting=sum(link.scheduler.num_waiting for link in links),
             max_waiting=self.config.max_waiting_requests if queued else sys.maxsize,
+            share=self._share(links, tenant) if self.config.scheduling_policy == "fair" else None,
         )
         admission.check_prompt(token_ids, reg.vocab_size)
         return reg
+
+    @staticmethod
+    def _share(links: list[WorkerLink], tenant: str) -> admission.TenantShare:
+        waiting: Counter[str] = Counter()
+        for link in links:
+            waiting.update(link.scheduler.waiting_per_tenant())
+        return admission.TenantShare(waiting[tenant], len(waiting.keys() | {tenant}))
 
     def _place(self, live: LiveRequest) -> None:
         """Onto the worker routing chooses; UNAVAILABLE when none of its model is up."""

@@ -1,18 +1,32 @@
-"""Chat messages to prompt token ids, through the model's chat template (chat and /tokenize)."""
+"""Chat messages to prompt token ids, through the model's chat template (chat and /tokenize).
+
+In order, each before the work it bounds: the messages and their content parts are counted,
+chat_template_kwargs measured, the template rendered under the model's prompt bound (it stops
+as soon as the text passes it), then the text tokenized, with special-token text from the
+client as plain text unless the server allows it (server/plain_content.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from server.bounds import check_count, check_names, check_template_kwargs
 from server.chat_protocol import ChatMessage, ChatTemplateOptions
-from server.chat_template import ChatTemplate, ChatTemplateError
+from server.chat_template import ChatTemplate, ChatTemplateError, RenderTooLong, ReservedKwarg
 from server.client import ServedModel
 from server.errors import APIError
-from server.tokens import check_text_fits
+from server.plain_content import Escaper, MarkerError, encode_plain_spans
+from kvledger.config.frontend import Limits
+from server.tokens import check_text_fits, too_long
+
+DEFAULT_LIMITS = Limits()
 
 
 def chat_prompt(
-    messages: list[ChatMessage], options: ChatTemplateOptions, model: ServedModel
+    messages: list[ChatMessage],
+    options: ChatTemplateOptions,
+    model: ServedModel,
+    limits: Limits = DEFAULT_LIMITS,
+    special_tokens_in_content: bool = False,
 ) -> list[int]:
     template = _template_of(model)
     if options.add_generation_prompt and options.continue_final_message:
@@ -22,21 +36,72 @@ def chat_prompt(
             "add_generation_prompt (set add_generation_prompt to false)",
             param="continue_final_message",
         )
+    check_messages(messages, limits)
+    check_template_kwargs(options.chat_template_kwargs, limits)
     plain = [_plain(m, i) for i, m in enumerate(messages)]
-    try:
-        text = template.render(
-            plain,
-            add_generation_prompt=options.add_generation_prompt,
-            continue_final_message=options.continue_final_message,
-            extra=options.chat_template_kwargs,
-        )
-    except ChatTemplateError as err:
-        raise APIError(400, str(err), param="messages") from None
+    kwargs = options.chat_template_kwargs
+    escaper = None if special_tokens_in_content else Escaper(model.special_texts)
+    if escaper is not None:
+        # every field a client set, but its role (which the template matches on)
+        plain = [{k: v if k == "role" else escaper.escape(v) for k, v in m.items()} for m in plain]
+        kwargs = escaper.escape(kwargs)
+    text = _render(template, plain, options, kwargs, model)
+    spans: list[tuple[int, int]] = []
+    if escaper is not None:
+        try:
+            text, spans = escaper.restore(text)
+        except MarkerError as err:
+            raise APIError(400, str(err), param="messages") from None
     check_text_fits(len(text), model, "messages")
-    ids = model.tokenizer.encode(text, add_special_tokens=options.add_special_tokens).ids
+    _check_unicode(text)
+    special = options.add_special_tokens
+    ids = encode_plain_spans(model.tokenizer, model.special_texts, text, spans, special)
     if not ids:
         raise APIError(400, "the messages render to an empty prompt", param="messages")
     return ids
+
+
+def _check_unicode(text: str) -> None:
+    """A message's other fields are the template's to read and are not checked one by one: a
+    lone surrogate one of them carried into the text cannot be tokenized (it was a 500)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(
+            400, "messages must be valid Unicode text (no lone surrogates)", param="messages"
+        ) from None
+
+
+def check_messages(messages: list[ChatMessage], limits: Limits) -> None:
+    """Counts before any work: messages, content parts across them, and names."""
+    check_count(len(messages), limits.max_messages, "messages", "messages")
+    parts = sum(len(m.content) for m in messages if isinstance(m.content, list))
+    check_count(parts, limits.max_content_parts, "messages", "content parts")
+    for message in messages:
+        check_names(limits, name=message.name)
+
+
+def _render(
+    template: ChatTemplate,
+    messages: list[dict[str, Any]],
+    options: ChatTemplateOptions,
+    kwargs: dict[str, Any] | None,
+    model: ServedModel,
+) -> str:
+    try:
+        return template.render(
+            messages,
+            add_generation_prompt=options.add_generation_prompt,
+            continue_final_message=options.continue_final_message,
+            extra=kwargs,
+            max_chars=model.max_prompt_chars,
+        )
+    except RenderTooLong:
+        raise too_long(model, "messages", "the rendered messages") from None
+    except ReservedKwarg as err:
+        raise APIError(400, str(err), param="chat_template_kwargs") from None
+    except ChatTemplateError as err:
+        raise APIError(400, str(err), param="messages") from None
 
 
 def _template_of(model: ServedModel) -> ChatTemplate:

@@ -18,7 +18,17 @@ from server.responses import Usage
 
 # Parameters of OpenAI's chat API this server does not implement: a request that sets one is a
 # 400 naming it, never a reply that silently ignores it.
-UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "audio")
+UNSUPPORTED = (
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "audio",
+    "parallel_tool_calls",
+    # a request's own template would run a client's code in the server's sandbox
+    "chat_template",
+    "echo",
+)
 
 
 class ContentPart(BaseModel):
@@ -67,6 +77,9 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     functions: list[Any] | None = None
     function_call: Any = None
     audio: Any = None
+    parallel_tool_calls: bool | None = None
+    chat_template: str | None = None
+    echo: bool = False
 
     @property
     def token_limit(self) -> int | None:

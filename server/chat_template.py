@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -32,6 +33,29 @@ SPECIAL_TOKEN_NAMES = (
     "cls_token",
     "mask_token",
 )
+# What a template reads that the server sets: chat_template_kwargs may not replace them (a
+# client's `eos_token` of 1 MB, written after each of 1,000 messages, made a 1 GB prompt).
+RESERVED_NAMES = frozenset(
+    {
+        *SPECIAL_TOKEN_NAMES,
+        "messages",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tools",
+        "documents",
+        "chat_template",
+        "tokenize",
+        "raise_exception",
+        "strftime_now",
+        # jinja2's own globals
+        "range",
+        "dict",
+        "lipsum",
+        "cycler",
+        "joiner",
+        "namespace",
+    }
+)
 # Appended to the final message with continue_final_message, and cut off with what follows.
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 # vLLM's test: a --chat-template value holding none of these is meant as a file path.
@@ -40,6 +64,14 @@ TEMPLATE_CHARS = "{}\n"
 
 class ChatTemplateError(ValueError):
     """The messages cannot be rendered: the template refused them, or it is broken."""
+
+
+class RenderTooLong(ChatTemplateError):
+    """The rendered prompt passed its bound while rendering (it was cut short there)."""
+
+    def __init__(self, max_chars: int) -> None:
+        super().__init__(f"the rendered prompt is longer than {max_chars} characters")
+        self.max_chars = max_chars
 
 
 @dataclass(frozen=True)
@@ -53,9 +85,12 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         extra: dict[str, Any] | None = None,
+        max_chars: int | None = None,
     ) -> str:
-        """The prompt text; `extra` (chat_template_kwargs) overrides the special tokens, as
-        transformers lets template kwargs do."""
+        """The prompt text. `extra` (chat_template_kwargs) adds variables the template reads;
+        it may not replace one the server sets (RESERVED_NAMES). Rendering stops, with
+        RenderTooLong, as soon as the text passes `max_chars`: a template may repeat a
+        variable per message, so the bound is kept while rendering, not checked after."""
         messages = [dict(m) for m in messages]
         final = None
         if continue_final_message:
@@ -63,12 +98,16 @@ class ChatTemplate:
             if not isinstance(final, str):
                 raise ChatTemplateError("continue_final_message needs a final message with text")
             messages[-1]["content"] = final + CONTINUE_TAG
+        reserved = sorted(RESERVED_NAMES.intersection(extra or {}))
+        if reserved:
+            raise ReservedKwarg(reserved[0])
         variables = {**self.special_tokens, **(extra or {})}
         variables.update(messages=messages, add_generation_prompt=add_generation_prompt)
-        variables.setdefault("tools", None)
-        variables.setdefault("documents", None)
+        variables.update(tools=None, documents=None)
         try:
-            text = _compiled(self.source).render(**variables)
+            text = _bounded(_compiled(self.source).generate(**variables), max_chars)
+        except RenderTooLong:
+            raise
         except jinja2.TemplateError as err:
             raise ChatTemplateError(f"the chat template refused the messages: {err}") from None
         except Exception as err:  # noqa: BLE001 - a template is user code: any failure is its own
@@ -76,6 +115,30 @@ class ChatTemplate:
         if final is not None:
             text = _cut_at_tag(text)
         return text
+
+
+class ReservedKwarg(ChatTemplateError):
+    """chat_template_kwargs named a variable the server sets."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"chat_template_kwargs may not set `{name}`: the server sets it (special tokens, "
+            "messages, tools, documents, generation flags and the template's functions)"
+        )
+        self.name = name
+
+
+def _bounded(pieces: Iterator[str], max_chars: int | None) -> str:
+    """The rendered pieces joined, or RenderTooLong once they pass `max_chars` (the render
+    stops there: its generator is closed, nothing more is produced)."""
+    out: list[str] = []
+    total = 0
+    for piece in pieces:
+        total += len(piece)
+        if max_chars is not None and total > max_chars:
+            raise RenderTooLong(max_chars)
+        out.append(piece)
+    return "".join(out)
 
 
 def _cut_at_tag(text: str) -> str:

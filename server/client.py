@@ -20,6 +20,8 @@ from kvledger.tls import TlsFiles, aio_channel
 from protos import frontend_pb2, frontend_pb2_grpc
 from server.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from server.errors import APIError
+from server.plain_content import SpecialTexts
+from server.token_bytes import TokenBytes
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,16 @@ class ServedModel:
         tokenizing: a 4 MB prompt took the frontend from 432 MB to 1.3 GB to find out."""
         longest = max((len(piece) for piece in self.tokenizer.get_vocab()), default=1)
         return self.info.max_model_len * max(longest, 1)
+
+    @functools.cached_property
+    def special_texts(self) -> SpecialTexts:
+        """Its special tokens as text, for chat content (server/plain_content.py)."""
+        return SpecialTexts.of(self.tokenizer)
+
+    @functools.cached_property
+    def token_bytes(self) -> TokenBytes:
+        """Each token's own bytes, for logprobs (server/token_bytes.py)."""
+        return TokenBytes.of(self.tokenizer)
 
 
 class SchedulerClient:

@@ -96,6 +96,8 @@ class Generation:
     prompts: list[list[int]]
     stops: list[str]
     choices: list[Choice] = field(default_factory=list)
+    # include_stop_str_in_output: a stop string ends the text instead of being cut off
+    include_stop: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -244,7 +246,7 @@ def _apply_one(
         length = response.finish_reason == "length" or choice.echo_only
         choice.finish_reason = "length" if length else "stop"
     stops = generation.stops
-    if stops and _cut_at_stop(choice, stops):
+    if stops and _cut_at_stop(choice, stops, generation.include_stop):
         choice.finish_reason = "stop"
         if choice.entries is not None:
             choice.entries = [e for e in choice.entries if e.offset < len(choice.text)]
@@ -287,12 +289,14 @@ def _add_prompt_entries(
     choice.prompt_entries = (scored + [None] * len(prompt))[: len(prompt)]
 
 
-def _cut_at_stop(choice: Choice, stops: list[str]) -> bool:
+def _cut_at_stop(choice: Choice, stops: list[str], include: bool) -> bool:
+    """Cuts the text at its earliest stop string (after it, with `include`); True on a hit."""
     window_start = max(0, choice.sent - max(len(s) for s in stops))
-    hits = [i for s in stops if (i := choice.text.find(s, window_start)) != -1]
+    hits = [(i, len(s)) for s in stops if (i := choice.text.find(s, window_start)) != -1]
     if not hits:
         return False
-    choice.text = choice.text[: min(hits)]
+    at, length = min(hits)
+    choice.text = choice.text[: at + length if include else at]
     return True
 
 

@@ -16,6 +16,26 @@ INT32_MAX = 2**31 - 1
 TokenId = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
 Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 LOGIT_BIAS_LIMIT = 100.0
+# vLLM's and OpenAI's parameters this server does not implement: set to anything but null,
+# false or empty, a 400 names them (server/sampling.py), never a reply that ignores them.
+# Structured outputs (response_format json, guided_*, tools) are not served yet.
+NOT_IMPLEMENTED = (
+    "guided_json",
+    "guided_choice",
+    "guided_regex",
+    "guided_grammar",
+    "guided_whitespace_pattern",
+    "guided_decoding_backend",
+    "structured_outputs",
+    "use_beam_search",
+    "prompt_logprobs",
+    "logits_processors",
+    "allowed_token_ids",
+    "bad_words",
+    "truncate_prompt_tokens",
+    "return_tokens_as_token_ids",
+    "prediction",
+)
 
 
 def _unicode_text(value: object) -> object:
@@ -74,7 +94,12 @@ class SamplingRequest(BaseModel):
     min_tokens: int = Field(0, ge=0, le=INT32_MAX)
     skip_special_tokens: bool = True
     cache_salt: str | None = None
+    # lower is served first; anything but 0 needs --scheduling-policy priority (else a 400)
     priority: int = Field(0, ge=-INT32_MAX, le=INT32_MAX)
+    # a stop string ends the text rather than being cut off (vLLM's)
+    include_stop_str_in_output: bool = False
+    # only None or n: this server returns every sample it generates
+    best_of: int | None = Field(None, ge=1, le=INT32_MAX)
 
     _check_finite = field_validator(
         "temperature",
@@ -113,19 +138,11 @@ class CompletionRequest(SamplingRequest):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     add_special_tokens: bool = True
-    # OpenAI's, not implemented here: refused with a 400 naming them unless left at their
-    # no-op values (None or 1; None or ""), never silently ignored
-    best_of: int | None = None
+    # OpenAI's, not implemented here: refused with a 400 naming it unless left at its no-op
+    # value (None or ""), never silently ignored
     suffix: str | None = None
 
     _check_prompt = text_fields("prompt")
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise ValueError("best_of is not supported by this server (only 1)")
-        return value
 
     @field_validator("suffix")
     @classmethod

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 
 from kvledger.log import REQUEST_ID
 from protos import frontend_pb2
+from server.bounds import check_names, check_sampling_lists
 from server.client import ServedModel
 from server.detokenizer import IncrementalDetokenizer
 from server.errors import APIError
 from server.generation import Choice, Generation
 from server.limits import Limits, check_sampling_limits
-from server.protocol import SamplingRequest
+from server.protocol import NOT_IMPLEMENTED, SamplingRequest
 
 SEED_RANGE = 2**64  # SamplingParams.seed is a uint64
 
@@ -40,7 +41,10 @@ def check_request(
         raise APIError(
             400, "stream_options may only be set when stream is true", param="stream_options"
         )
+    refuse_unsupported(body)
+    check_names(limits, model=body.model, user=body.user, cache_salt=body.cache_salt)
     vocab = model.info.vocab_size
+    check_sampling_lists(body.stop_token_ids, body.logit_bias, limits, vocab)
     bad = [k for k in body.logit_bias or {} if int(k) >= vocab]
     if bad:
         raise APIError(
@@ -66,6 +70,7 @@ def build_generation(
         model=model,
         prompts=prompts,
         stops=body.stop_strings,
+        include_stop=body.include_stop_str_in_output,
     )
     limit = model.info.max_model_len
     for p_index, prompt in enumerate(prompts):
@@ -92,6 +97,21 @@ def build_generation(
                 choice.entries = []
             generation.choices.append(choice)
     return generation
+
+
+def refuse_unsupported(body: SamplingRequest) -> None:
+    """A parameter this server does not implement, set to anything but its no-op value, is a
+    400 naming it: a reply that silently ignored it would not be what the client asked for."""
+    extra = body.model_extra or {}
+    for name in NOT_IMPLEMENTED:
+        value = extra.get(name)
+        if value is not None and value is not False and value != [] and value != {}:
+            raise APIError(400, f"`{name}` is not supported by this server", param=name)
+    if body.best_of is not None and body.best_of != body.n:
+        raise APIError(
+            400, "best_of is not supported by this server (only best_of equal to n)",
+            param="best_of",
+        )  # fmt: skip
 
 
 def check_context(prompt: list[int], max_tokens: int, limit: int, param: str) -> None:

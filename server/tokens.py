@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
+from server.bounds import check_token_ids
 from server.client import ServedModel
 from server.detokenizer import IncrementalDetokenizer
 from server.errors import APIError
@@ -49,19 +50,34 @@ def tokenize_prompts(
         prompts = [Tokenized(list(p)) for p in prompt]  # type: ignore[union-attr]
     if not prompts or any(len(p.ids) == 0 for p in prompts):
         raise APIError(400, f"{param} must not be empty", param=param)
+    if texts is None:  # token ids: inside the vocabulary, checked here, not by the scheduler
+        for p in prompts:
+            check_token_ids(p.ids, model.info.vocab_size, param)
     return prompts
+
+
+def count_prompts(prompt: Prompt) -> int:
+    """How many prompts a prompt field holds, before any is tokenized."""
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        return 1
+    return len(prompt)
 
 
 def check_text_fits(num_chars: int, model: ServedModel, param: str) -> None:
     """Refuses, before tokenizing it, a text too long to fit the context whatever it says."""
     if num_chars > model.max_prompt_chars:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {model.info.max_model_len} tokens; "
-            f"a text of {num_chars} characters cannot fit it. Please shorten it.",
-            param=param,
-            code="context_length_exceeded",
-        )
+        raise too_long(model, param, f"a text of {num_chars} characters")
+
+
+def too_long(model: ServedModel, param: str, what: str) -> APIError:
+    return APIError(
+        400,
+        f"This model's maximum context length is {model.info.max_model_len} tokens; "
+        f"{what} cannot fit it (at most {model.max_prompt_chars} characters). Please "
+        "shorten it.",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
 def echoed(tokenizer: Tokenizer, prompt: Tokenized) -> Tokenized:

@@ -35,6 +35,8 @@ def sampling_from_wire(sp: frontend_pb2.SamplingParams) -> SamplingParams:
         logprobs=sp.logprobs,
         prompt_logprobs=sp.prompt_logprobs if sp.HasField("prompt_logprobs") else -1,
         logit_bias=dict(sp.logit_bias) or None,
+        min_tokens=sp.min_tokens,
+        min_tokens_masked=tuple(sp.min_tokens_masked_ids) if sp.min_tokens else (),
     )
 
 

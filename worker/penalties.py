@@ -11,6 +11,7 @@ across preemption, so a recomputed request is penalized exactly as before.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -70,6 +71,28 @@ def apply_logit_bias(logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tens
             ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
             values = torch.tensor(list(bias.values()), dtype=out.dtype, device=logits.device)
             out[i].index_add_(0, ids, values)
+    return out
+
+
+def apply_min_tokens(logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tensor:
+    """vLLM's min_tokens: while a request has fewer output tokens than its min_tokens, its
+    masked ids (stop_token_ids, and EOS unless ignore_eos) get -inf, so they are never sampled
+    (not merely ignored as stops). The count is the chunk's own (outputs before the sampled
+    position), so a bundle's later decode steps and a recomputed request mask exactly as a
+    lone step would."""
+    rows = [
+        i
+        for i, c in enumerate(chunks)
+        if c.sampling.min_tokens_masked and c.end_pos - c.num_prompt_tokens < c.sampling.min_tokens
+    ]
+    if not rows:
+        return logits
+    out = logits.clone()
+    vocab = logits.shape[1]
+    for i in rows:
+        ids = [t for t in chunks[i].sampling.min_tokens_masked if 0 <= t < vocab]
+        if ids:
+            out[i, torch.tensor(ids, dtype=torch.long, device=logits.device)] = -math.inf
     return out
 
 

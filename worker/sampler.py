@@ -15,7 +15,7 @@ from types import ModuleType
 import torch
 
 from worker.batch import SeqChunk
-from worker.penalties import apply_logit_bias, apply_penalties
+from worker.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
 
 
 @dataclass
@@ -148,7 +148,7 @@ class Sampler:
             logits = logits.masked_fill(~finite.unsqueeze(1), 0.0)  # keep the rest well-defined
         want = [i for i, c in enumerate(chunks) if c.sampling.logprobs >= 0 and i not in failed]
         raw = torch.log_softmax(logits[want], dim=-1) if want else None
-        logits = apply_logit_bias(apply_penalties(logits, chunks), chunks)
+        logits = apply_min_tokens(apply_logit_bias(apply_penalties(logits, chunks), chunks), chunks)
         tokens = self._draw(logits, chunks).tolist()
         samples = [Sample(token) for token in tokens]
         if raw is not None:

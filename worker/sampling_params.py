@@ -31,6 +31,10 @@ class SamplingParams:
     prompt_logprobs: int = -1
     # OpenAI's logit_bias: token id -> bias added to its logit before sampling (None = none).
     logit_bias: Mapping[int, float] | None = None
+    # min_tokens: until the request has this many output tokens, `min_tokens_masked` (its stop
+    # ids, and EOS unless ignore_eos) cannot be sampled (worker/penalties.py).
+    min_tokens: int = 0
+    min_tokens_masked: tuple[int, ...] = ()
 
     @property
     def has_penalties(self) -> bool:

@@ -48,6 +48,25 @@ class Limits:
         "the connection is closed; 0 = no limit",
     )
     max_embedding_inputs: int = option(256, "most inputs of one embeddings request")
+    max_messages: int = option(1024, "most messages of one chat (or /tokenize) request")
+    max_content_parts: int = option(
+        1024, "most content parts across the messages of one chat (or /tokenize) request"
+    )
+    max_stop_token_ids: int = option(64, "most stop_token_ids per request")
+    max_logit_bias: int = option(1024, "most logit_bias entries per request")
+    max_chat_template_kwargs_chars: int = option(
+        16384,
+        "most characters in chat_template_kwargs (its keys and strings, with one counted for "
+        "each other value)",
+    )
+    max_token_ids: int = option(
+        65536,
+        "most token ids in one request's prompts (completions, embeddings) or tokens "
+        "(/detokenize); each prompt must also fit its model's context",
+    )
+    max_name_length: int = option(
+        256, "longest model name, user, cache_salt and message name in a request"
+    )
 
 
 @dataclass(frozen=True)
@@ -71,6 +90,12 @@ class Settings(
         None,
         "chat template for /v1/chat/completions (a file path or the template text), used "
         "instead of each model's own",
+    )
+    special_tokens_in_content: bool = option(
+        False,
+        "tokenize special-token text inside chat message content (and chat_template_kwargs) "
+        "as the special tokens themselves; off (the default), such text is tokenized as plain "
+        "text, so a message cannot close its turn or forge another role's",
     )
     scheduler_reconnect_timeout: float = option(
         30.0,

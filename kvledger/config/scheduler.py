@@ -42,7 +42,12 @@ class EngineConfig:
         "a tenant's own requests in arrival order; a burst may lose seats to another tenant)",
         choices=POLICIES,
     )
-    max_waiting_requests: int = option(4096, "queue length per model past which requests get 429")
+    max_waiting_requests: int = option(
+        4096,
+        "queue length per model past which requests get 429; under fair, a full queue still "
+        "admits a tenant holding less than its share (this cap over the tenants waiting), up "
+        "to twice the cap",
+    )
     # seconds a plan may stay unanswered; 0 = no limit
     worker_step_timeout: float = option(
         300.0,

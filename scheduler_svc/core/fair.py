@@ -134,6 +134,9 @@ class FairQueue(WaitingQueue):
     def __len__(self) -> int:
         return self._len
 
+    def per_tenant(self) -> dict[str, int]:
+        return {tenant: len(queue) for tenant, queue in self._queues.items()}
+
     def __iter__(self) -> Iterator[Request]:
         """In the order they would be served if each were admitted in turn (each admission
         raises its tenant's count by one and makes it the one served last)."""

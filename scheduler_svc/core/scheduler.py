@@ -91,6 +91,10 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
+    def waiting_per_tenant(self) -> dict[str, int]:
+        """Waiting requests per tenant (the fair policy shares the waiting cap by it)."""
+        return self.waiting.per_tenant()
+
     def has_unfinished(self) -> bool:
         """True while schedule() has anything to do or to report."""
         return bool(self.requests or self._finished_pending or self._dropped)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 
 from scheduler_svc.core.request import Request
@@ -41,6 +41,10 @@ class WaitingQueue(ABC):
     @abstractmethod
     def __iter__(self) -> Iterator[Request]:
         """In the order they would be served."""
+
+    def per_tenant(self) -> dict[str, int]:
+        """Waiting requests per tenant (those with any)."""
+        return dict(Counter(request.tenant for request in self))
 
 
 class FCFSQueue(WaitingQueue):

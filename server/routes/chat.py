@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
+from server.body_offload import OffLoopBodyRoute
 from server.chat_prompt import chat_prompt
 from server.chat_protocol import (
     UNSUPPORTED,
@@ -25,13 +26,13 @@ from server.client import ServedModel
 from server.deps import model_for, scheduler, settings_of, tenant, tenant_salt, tenant_tag
 from server.errors import APIError, error_responses
 from server.generation import Choice, Generation, TokenEntry, merged, stream_text
-from server.limits import Limits
 from server.offload import off_loop
 from server.sampling import Plan, build_generation, check_request
+from kvledger.config.frontend import Settings
 from server.streaming import drain, event, sse_response, until_disconnect
 from server.tokens import token_text
 
-router = APIRouter()
+router = APIRouter(route_class=OffLoopBodyRoute)
 
 
 @router.post(
@@ -52,8 +53,8 @@ async def chat_completions(
     model = await model_for(request, body.model)
     salt = tenant_salt(who, body.cache_salt)
     # Off the event loop, as completions: rendering and tokenizing take their time.
-    limits = settings_of(request).limits
-    generation = await off_loop(request, _prepare, body, model, salt, tenant_tag(who), limits)
+    settings = settings_of(request)
+    generation = await off_loop(request, _prepare, body, model, salt, tenant_tag(who), settings)
     events = merged(generation, scheduler(request))
     view = _ChatView(body, generation)
     if body.stream:
@@ -66,7 +67,7 @@ def refuse_unsupported(body: ChatCompletionRequest) -> None:
     """A parameter this server does not implement is a 400 naming it, never ignored."""
     for name in UNSUPPORTED:
         value = getattr(body, name)
-        if value is not None and value != [] and value != "none":
+        if value is not None and value is not False and value != [] and value != "none":
             raise APIError(400, f"`{name}` is not supported by this server", param=name)
     if body.response_format is not None and body.response_format.type != "text":
         raise APIError(
@@ -80,10 +81,12 @@ def refuse_unsupported(body: ChatCompletionRequest) -> None:
 
 
 def _prepare(
-    body: ChatCompletionRequest, model: ServedModel, salt: str, tag: str, limits: Limits
+    body: ChatCompletionRequest, model: ServedModel, salt: str, tag: str, settings: Settings
 ) -> Generation:
-    check_request(body, model, limits, 1)
-    prompt = chat_prompt(body.messages, body, model)
+    check_request(body, model, settings.limits, 1)
+    prompt = chat_prompt(
+        body.messages, body, model, settings.limits, settings.special_tokens_in_content
+    )
     plan = Plan(
         id_prefix="chatcmpl",
         max_tokens=body.token_limit,
@@ -164,11 +167,14 @@ class _ChatView:
 
     def _entry(self, entry: TokenEntry) -> TokenLogprob:
         top = [self._top(t, lp) for t, lp in entry.top][: self.body.top_logprobs or 0]
-        text = token_text(self.model, entry.token_id)
+        token = entry.token_id
         return TokenLogprob(
-            token=text, logprob=entry.logprob, bytes=list(text.encode()), top_logprobs=top
+            token=token_text(self.model, token),
+            logprob=entry.logprob,
+            bytes=list(self.model.token_bytes(token)),
+            top_logprobs=top,
         )
 
     def _top(self, token: int, logprob: float) -> TopLogprob:
         text = token_text(self.model, token)
-        return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode()))
+        return TopLogprob(token=text, logprob=logprob, bytes=list(self.model.token_bytes(token)))

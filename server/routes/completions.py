@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
+from server.body_offload import OffLoopBodyRoute
 from server.client import ServedModel
 from server.deps import model_for, scheduler, settings_of, tenant, tenant_salt, tenant_tag
 from server.errors import APIError, error_responses
@@ -21,9 +22,9 @@ from server.responses import (
 )
 from server.sampling import Plan, build_generation, check_request
 from server.streaming import drain, event, sse_response, until_disconnect
-from server.tokens import Tokenized, echoed, token_text, tokenize_prompts
+from server.tokens import Tokenized, count_prompts, echoed, token_text, tokenize_prompts
 
-router = APIRouter()
+router = APIRouter(route_class=OffLoopBodyRoute)
 
 
 @router.post(
@@ -62,8 +63,8 @@ def _prepare(
             "max_tokens must be at least 1 (0 only with echo: the prompt alone)",
             param="max_tokens",
         )
+    check_request(body, model, limits, count_prompts(body.prompt))  # before tokenizing
     prompts = tokenize_prompts(body.prompt, model, add_special_tokens=body.add_special_tokens)
-    check_request(body, model, limits, len(prompts))
     plan = Plan(
         id_prefix="cmpl",
         max_tokens=body.max_tokens,

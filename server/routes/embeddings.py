@@ -11,15 +11,19 @@ from fastapi import APIRouter, Depends, Request
 
 from kvledger.log import REQUEST_ID
 from protos import frontend_pb2
+from server.body_offload import OffLoopBodyRoute
+from server.bounds import check_names
+from server.client import ServedModel
 from server.deps import model_for, scheduler, settings_of, tenant, tenant_tag
 from server.errors import APIError, error_responses, from_grpc
 from server.offload import off_loop
 from server.protocol import EmbeddingRequest
 from server.responses import Embedding, EmbeddingResponse, EmbeddingUsage
+from kvledger.config.frontend import Limits
 from server.streaming import until_disconnect
-from server.tokens import tokenize_prompts
+from server.tokens import Tokenized, count_prompts, tokenize_prompts
 
-router = APIRouter()
+router = APIRouter(route_class=OffLoopBodyRoute)
 
 
 @router.post(
@@ -31,7 +35,7 @@ async def embeddings(
     body: EmbeddingRequest, request: Request, who: str = Depends(tenant)
 ) -> EmbeddingResponse:
     model = await model_for(request, body.model)  # decoders embed too (last-token pooling)
-    prompts = await off_loop(request, tokenize_prompts, body.input, model, param="input")
+    prompts = await off_loop(request, _tokenized, body, model, settings_of(request).limits)
     inputs = [p.ids for p in prompts]
     width = model.info.embedding_size
     if body.dimensions is not None and width and body.dimensions > width:
@@ -40,9 +44,6 @@ async def embeddings(
             f"dimensions must be at most {width} for model `{model.name}`",
             param="dimensions",
         )
-    limit = settings_of(request).limits.max_embedding_inputs
-    if len(inputs) > limit:
-        raise APIError(400, f"at most {limit} inputs per request", param="input")
     too_long = next((len(i) for i in inputs if len(i) > model.info.max_model_len), None)
     if too_long is not None:
         raise APIError(
@@ -76,6 +77,15 @@ async def embeddings(
         model=model.name,
         usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
     )
+
+
+def _tokenized(body: EmbeddingRequest, model: ServedModel, limits: Limits) -> list[Tokenized]:
+    """The inputs counted and the model name measured before any is tokenized."""
+    check_names(limits, model=body.model, user=body.user)
+    limit = limits.max_embedding_inputs
+    if count_prompts(body.input) > limit:
+        raise APIError(400, f"at most {limit} inputs per request", param="input")
+    return tokenize_prompts(body.input, model, param="input")
 
 
 def _encoded(values: list[float], encoding_format: str) -> list[float] | str:

@@ -6,16 +6,19 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
+from server.body_offload import OffLoopBodyRoute
+from server.bounds import check_names, check_token_ids
 from server.chat_prompt import chat_prompt
 from server.chat_protocol import ChatMessage, ChatTemplateOptions
 from server.client import ServedModel
-from server.deps import model_for
+from server.deps import model_for, settings_of
 from server.errors import APIError, error_responses
 from server.offload import off_loop
 from server.protocol import DetokenizeRequest, text_fields
-from server.tokens import token_text
+from kvledger.config.frontend import Limits, Settings
+from server.tokens import check_text_fits, token_text
 
-router = APIRouter()
+router = APIRouter(route_class=OffLoopBodyRoute)
 
 
 class TokenizeRequest(ChatTemplateOptions):
@@ -58,24 +61,32 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give either `prompt` or `messages`", param="prompt")
     model = await model_for(request, body.model)
-    ids = await off_loop(request, _ids, body, model)
+    # Off the event loop, as completions: tokenizing and rendering take their time.
+    return await off_loop(request, _tokenized, body, model, settings_of(request))
+
+
+def _tokenized(body: TokenizeRequest, model: ServedModel, settings: Settings) -> TokenizeResponse:
+    """The prompt bounded as completions bound it (a text longer than the model's prompt
+    bound is refused before tokenizing), messages as chat bounds them."""
+    check_names(settings.limits, model=body.model)
+    if body.messages is not None:
+        if not body.messages:
+            raise APIError(400, "messages must not be empty", param="messages")
+        special = bool(body.add_special_tokens)
+        options = body.model_copy(update={"add_special_tokens": special})
+        ids = chat_prompt(
+            body.messages, options, model, settings.limits, settings.special_tokens_in_content
+        )
+    else:
+        check_text_fits(len(body.prompt or ""), model, "prompt")
+        special = True if body.add_special_tokens is None else body.add_special_tokens
+        ids = model.tokenizer.encode(body.prompt or "", add_special_tokens=special).ids
     return TokenizeResponse(
         tokens=ids,
         count=len(ids),
         max_model_len=model.info.max_model_len,
         token_strs=[token_text(model, t) for t in ids] if body.return_token_strs else None,
     )
-
-
-def _ids(body: TokenizeRequest, model: ServedModel) -> list[int]:
-    if body.messages is not None:
-        if not body.messages:
-            raise APIError(400, "messages must not be empty", param="messages")
-        special = bool(body.add_special_tokens)
-        options = body.model_copy(update={"add_special_tokens": special})
-        return chat_prompt(body.messages, options, model)
-    special = True if body.add_special_tokens is None else body.add_special_tokens
-    return model.tokenizer.encode(body.prompt or "", add_special_tokens=special).ids
 
 
 @router.post(
@@ -85,7 +96,19 @@ def _ids(body: TokenizeRequest, model: ServedModel) -> list[int]:
 )
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
     model = await model_for(request, body.model)
-    vocab = model.info.vocab_size
-    if any(t >= vocab for t in body.tokens):
-        raise APIError(400, f"token ids must be below the vocabulary size {vocab}", param="tokens")
+    return await off_loop(request, _detokenized, body, model, settings_of(request).limits)
+
+
+def _detokenized(body: DetokenizeRequest, model: ServedModel, limits: Limits) -> DetokenizeResponse:
+    """At most the model's context of tokens (no prompt or completion is longer), each inside
+    its vocabulary, decoded off the event loop."""
+    check_names(limits, model=body.model)
+    limit = model.info.max_model_len
+    if len(body.tokens) > limit:
+        raise APIError(
+            400,
+            f"at most {limit} tokens (the model's context length) per request",
+            param="tokens",
+        )
+    check_token_ids(body.tokens, model.info.vocab_size, "tokens")
     return DetokenizeResponse(prompt=model.tokenizer.decode(body.tokens))

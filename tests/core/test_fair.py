@@ -9,6 +9,7 @@ import pytest
 
 from scheduler_svc.core import Request, RequestStatus
 from scheduler_svc.core.fair import FairQueue, fair_order, seat_for
+from scheduler_svc.core.waiting_queue import FCFSQueue
 from tests.core.fakes import Harness, request
 
 
@@ -199,3 +200,17 @@ def test_a_drained_ledger_starts_even(kv: bool) -> None:
     h.add(request("b", [9, 9, 9], max_tokens=1, tenant="B"))
     assert ids(list(h.sched.waiting)) == ["a0", "b", "a1", "a2"]
     h.run_to_idle()
+
+
+def test_waiting_requests_are_counted_per_tenant() -> None:
+    """What admission shares the waiting cap by (scheduler_svc/admission.TenantShare)."""
+    fair = FairQueue(Counter())
+    fcfs = FCFSQueue()
+    for i, tenant in enumerate("AABAC"):
+        for queue in (fair, fcfs):
+            queue.push(arrived(f"{tenant}{i}", tenant, i))
+    assert fair.per_tenant() == fcfs.per_tenant() == {"A": 3, "B": 1, "C": 1}
+    fair.pop()
+    fair.remove(next(r for r in fair if r.tenant == "B"))
+    assert sum(fair.per_tenant().values()) == len(fair) == 3
+    assert "B" not in fair.per_tenant()

@@ -10,6 +10,7 @@ run's own events, not in seconds, so a slow or loaded machine cannot break it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -107,5 +108,45 @@ def test_a_burst_from_one_key_does_not_hold_another_keys_request(tmp_path):
         assert len(set(texts.values())) == 1
         assert metric_sum(samples, "kvledger_kv_blocks_in_use") == 0
         assert metric_sum(samples, "kvledger_tracker_entries") == 0
+    finally:
+        served.stop()
+
+
+def test_a_tenant_filling_the_queue_does_not_lock_another_out(tmp_path):
+    """With 2 seats and a waiting cap of 4, one key keeping the queue full had every request of
+    another key refused with 429 (20 of 20). Under fair, the cap is shared out per tenant: the
+    other key gets in."""
+    served = start_serve(
+        tmp_path,
+        "--scheduling-policy", "fair",
+        "--api-key", KEY_A,
+        "--api-key", KEY_B,
+        "--max-num-seqs", "2",
+        "--max-waiting-requests", "4",
+        "--num-kv-blocks", "64",
+    )  # fmt: skip
+    flood = {"model": MODEL, "prompt": "flood", "max_tokens": 400, "ignore_eos": True}
+
+    def post(key: str, body: dict) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"}
+        return httpx.post(f"{served.url}/v1/completions", json=body, headers=headers, timeout=300)
+
+    def flooding() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # cut off when the server stops
+            post(KEY_A, flood)
+
+    try:
+        threads = [threading.Thread(target=flooding, daemon=True) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 60
+        while True:
+            samples = scrape(served.scheduler_metrics_url)
+            if metric_sum(samples, "kvledger_num_requests_waiting", model=MODEL) == 4:
+                break
+            assert time.monotonic() < deadline, "the flood never filled the queue"
+            time.sleep(0.01)
+        reply = post(KEY_B, {"model": MODEL, "prompt": "hello", "max_tokens": 2})
+        assert reply.status_code == 200, reply.text
     finally:
         served.stop()

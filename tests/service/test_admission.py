@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from protos import frontend_pb2, worker_pb2
-from scheduler_svc.admission import check_model, check_prompt
+from scheduler_svc.admission import TenantShare, check_model, check_priority, check_prompt
 from scheduler_svc.errors import PlacementError
 
 GENERATE = worker_pb2.Registration(
@@ -59,3 +59,33 @@ def test_a_prompt_must_be_non_empty_and_inside_the_vocabulary():
     err = refused(check_prompt, [1, 10, 11], 10)
     assert err.code == grpc.StatusCode.INVALID_ARGUMENT
     assert err.message == "token id 10 is out of vocabulary (size 10)"
+
+
+def test_under_fair_a_full_queue_still_admits_a_tenant_below_its_share():
+    """The red team's case: one tenant fills the queue (64 of 64); another, waiting on
+    nothing, is admitted up to its share (32 of 2 tenants); the flooder is not."""
+    full = opts(num_waiting=64, max_waiting=64)
+    newcomer = TenantShare(tenant_waiting=0, num_tenants=2)
+    assert check_model("m", [GENERATE], **full, share=newcomer) is GENERATE
+    flooder = TenantShare(tenant_waiting=64, num_tenants=2)
+    assert refused(check_model, "m", [GENERATE], **full, share=flooder).code == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED
+    )
+    at_share = TenantShare(tenant_waiting=32, num_tenants=2)
+    assert refused(check_model, "m", [GENERATE], **opts(num_waiting=96, max_waiting=64),
+                   share=at_share).code == grpc.StatusCode.RESOURCE_EXHAUSTED  # fmt: skip
+    # Never past twice the cap, whatever the tenants' shares.
+    many = TenantShare(tenant_waiting=0, num_tenants=3)
+    refused(check_model, "m", [GENERATE], **opts(num_waiting=128, max_waiting=64), share=many)
+    # A lone tenant's share is the whole queue: as without the fair policy.
+    alone = TenantShare(tenant_waiting=64, num_tenants=1)
+    refused(check_model, "m", [GENERATE], **full, share=alone)
+
+
+def test_priority_needs_the_priority_policy():
+    check_priority(0, "fcfs")
+    check_priority(-3, "priority")
+    for policy in ("fcfs", "fair"):
+        err = refused(check_priority, 1, policy)
+        assert err.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "--scheduling-policy priority" in err.message

@@ -1,0 +1,60 @@
+"""min_tokens masks EOS and stop ids until reached (vLLM's semantics): the masked ids are not
+sampled, shown or counted before the request has min_tokens outputs, in a lone step and in
+every step of a bundle; after it, they are sampled as usual."""
+
+from __future__ import annotations
+
+import torch
+
+from protos import frontend_pb2
+from scheduler_svc.convert import sampling_with_min_tokens
+from worker.batch import SeqChunk
+from worker.convert import sampling_from_wire
+from worker.sampler import Sampler
+from worker.sampling_params import SamplingParams
+
+EOS, STOP = 5, 0
+LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0])  # greedy: EOS, then STOP
+
+
+def chunk(num_outputs: int, prompt: int = 4, **kw) -> SeqChunk:  # noqa: ANN003
+    """A decode chunk of a request with `prompt` prompt tokens and `num_outputs` outputs."""
+    end = prompt + num_outputs
+    return SeqChunk("r", [1], end - 1, [0], True, SamplingParams(**kw), [1] * end, prompt)
+
+
+def test_masked_ids_are_not_sampled_until_min_tokens() -> None:
+    sampler = Sampler(0)
+    masked = {"min_tokens": 3, "min_tokens_masked": (EOS, STOP)}
+    rows = LOGITS.repeat(5, 1)
+    chunks = [
+        chunk(0, **masked),  # the prefill's sample: no outputs yet
+        chunk(2, **masked),
+        chunk(3, **masked),  # reached: EOS again
+        chunk(0),  # no min_tokens in the same batch
+        chunk(1, min_tokens=3, min_tokens_masked=(EOS,)),  # ignore_eos kept STOP off the list
+    ]
+    assert [s.token_id for s in sampler(rows, chunks)] == [1, 1, EOS, EOS, STOP]
+
+
+def test_the_masked_token_draws_nothing_at_any_temperature() -> None:
+    sampler = Sampler(0)
+    rows = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 8.0]]).repeat(64, 1)
+    chunks = [
+        chunk(1, temperature=1.5, seed=s, min_tokens=2, min_tokens_masked=(EOS,)) for s in range(64)
+    ]
+    assert EOS not in {s.token_id for s in sampler(rows, chunks)}
+
+
+def test_the_scheduler_masks_stop_ids_and_eos_unless_ignored() -> None:
+    request = frontend_pb2.GenerateRequest(
+        sampling=frontend_pb2.SamplingParams(temperature=0.5),
+        stop=frontend_pb2.StopCriteria(max_tokens=9, stop_token_ids=[7, 3], min_tokens=2),
+    )
+    sampling = sampling_from_wire(sampling_with_min_tokens(request, [2]))
+    assert (sampling.min_tokens, sampling.min_tokens_masked) == (2, (2, 3, 7))
+    assert sampling.temperature == 0.5
+    request.stop.ignore_eos = True
+    assert sampling_from_wire(sampling_with_min_tokens(request, [2])).min_tokens_masked == (3, 7)
+    request.stop.min_tokens = 0
+    assert sampling_from_wire(sampling_with_min_tokens(request, [2])).min_tokens_masked == ()
