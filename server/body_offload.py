@@ -21,10 +21,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
+from kvledger.config.frontend import Limits
 from server.errors import APIError
 from server.offload import off_loop
 from server.prebound import prebound
-from kvledger.config.frontend import Limits
 
 
 class OffLoopBodyRoute(APIRoute):

@@ -1,6 +1,6 @@
 """Bounds on the lists and strings of a request body, checked before anything is rendered,
-tokenized or sent to the scheduler (their values: `Limits`, kvledger/config/frontend.py; the table in
-docs/operations.md). Each refusal is a 400 naming the field and the limit.
+tokenized or sent to the scheduler (their values: `Limits`, kvledger/config/frontend.py; the
+table in docs/operations.md). Each refusal is a 400 naming the field and the limit.
 
 Why here, before the work: what a client sends reaches memory and CPU in proportion to its
 size, often amplified (a template repeats a variable per message; the scheduler keeps a copy
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from server.errors import APIError
 from kvledger.config.frontend import Limits
+from server.errors import APIError
 
 # Nesting past this in chat_template_kwargs is refused: no template reads deeper, and a
 # recursive walk of deeper values would be the server's cost.

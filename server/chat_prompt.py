@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvledger.config.frontend import Limits
 from server.bounds import check_count, check_names, check_template_kwargs
 from server.chat_protocol import ChatMessage, ChatTemplateOptions
 from server.chat_template import ChatTemplate, ChatTemplateError, RenderTooLong, ReservedKwarg
 from server.client import ServedModel
 from server.errors import APIError
 from server.plain_content import Escaper, MarkerError, encode_plain_spans
-from kvledger.config.frontend import Limits
 from server.tokens import check_text_fits, too_long
 
 DEFAULT_LIMITS = Limits()

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.bounds import check_count
 from kvledger.config.frontend import Limits
+from server.bounds import check_count
 
 
 def prebound(data: Any, limits: Limits) -> None:

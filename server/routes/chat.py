@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
+from kvledger.config.frontend import Settings
 from server.body_offload import OffLoopBodyRoute
 from server.chat_prompt import chat_prompt
 from server.chat_protocol import (
@@ -28,7 +29,6 @@ from server.errors import APIError, error_responses
 from server.generation import Choice, Generation, TokenEntry, merged, stream_text
 from server.offload import off_loop
 from server.sampling import Plan, build_generation, check_request
-from kvledger.config.frontend import Settings
 from server.streaming import drain, event, sse_response, until_disconnect
 from server.tokens import token_text
 

@@ -9,6 +9,7 @@ import grpc
 import numpy as np
 from fastapi import APIRouter, Depends, Request
 
+from kvledger.config.frontend import Limits
 from kvledger.log import REQUEST_ID
 from protos import frontend_pb2
 from server.body_offload import OffLoopBodyRoute
@@ -19,7 +20,6 @@ from server.errors import APIError, error_responses, from_grpc
 from server.offload import off_loop
 from server.protocol import EmbeddingRequest
 from server.responses import Embedding, EmbeddingResponse, EmbeddingUsage
-from kvledger.config.frontend import Limits
 from server.streaming import until_disconnect
 from server.tokens import Tokenized, count_prompts, tokenize_prompts
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
+from kvledger.config.frontend import Limits, Settings
 from server.body_offload import OffLoopBodyRoute
 from server.bounds import check_names, check_token_ids
 from server.chat_prompt import chat_prompt
@@ -15,7 +16,6 @@ from server.deps import model_for, settings_of
 from server.errors import APIError, error_responses
 from server.offload import off_loop
 from server.protocol import DetokenizeRequest, text_fields
-from kvledger.config.frontend import Limits, Settings
 from server.tokens import check_text_fits, token_text
 
 router = APIRouter(route_class=OffLoopBodyRoute)

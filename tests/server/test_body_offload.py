@@ -9,11 +9,11 @@ import json
 import pytest
 from fastapi.exceptions import RequestValidationError
 
+from kvledger.config.frontend import Limits
 from server.body_offload import SMALL_BODY_BYTES, parsed
 from server.chat_protocol import ChatCompletionRequest
 from server.errors import APIError
 from server.protocol import CompletionRequest, DetokenizeRequest
-from kvledger.config.frontend import Limits
 
 LIMITS = Limits()
 

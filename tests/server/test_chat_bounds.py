@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from kvledger.config.frontend import Limits
 from kvledger.models import resolve_model
 from protos import frontend_pb2
 from server.chat_prompt import chat_prompt
@@ -22,7 +23,6 @@ from server.chat_template import (
 )
 from server.client import ServedModel
 from server.errors import APIError
-from kvledger.config.frontend import Limits
 
 SEP, CLS = 102, 101  # tiny-llama's eos and bos (BERT's [SEP] and [CLS])
 
