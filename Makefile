@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Exactly this torch: the CPU build lies on local disk; any other version pulls a CUDA build.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: install system-deps run test lint protos check-protos bench clean
+.PHONY: install system-deps run test lint protos check-protos bench clean wheels images
 
 install: $(STAMP)
 
@@ -23,6 +23,19 @@ run: install
 # Debian's docker-compose and prometheus, for the deployment tests (apt-get; idempotent).
 system-deps:
 	bash deploy/ci-deps.sh
+
+# build/wheels for the CPU image's WHEELHOUSE=1 mode (no index in the build; docs/operations.md).
+wheels: install
+	PYTHON=$(BIN)/python bash deploy/wheelhouse.sh
+
+# The compose stack's images from Debian's packages and the wheelhouse: what tests/deploy's
+# compose test builds (a running engine: bash deploy/start-dockerd.sh).
+images: wheels
+	bash deploy/debian-base.sh kvledger-base:bookworm
+	KVLEDGER_BASE_IMAGE=kvledger-base:bookworm KVLEDGER_WHEELHOUSE=1 \
+		KVLEDGER_WORKER_AUTH_TOKEN=$${KVLEDGER_WORKER_AUTH_TOKEN:-unused-by-build} \
+		KVLEDGER_FRONTEND_AUTH_TOKEN=$${KVLEDGER_FRONTEND_AUTH_TOKEN:-unused-by-build} \
+		docker-compose build scheduler prometheus
 
 test: install system-deps check-protos lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
