@@ -13,12 +13,12 @@ if docker image inspect "$name" >/dev/null 2>&1; then
   exit 0
 fi
 root=$(mktemp -d)
-trap 'rm -rf "$root"' EXIT
+log=$(mktemp)
+trap 'rm -rf "$root" "$log"' EXIT
 echo "debian-base: debootstrap bookworm from $mirror" >&2
 debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
-  bookworm "$root" "$mirror" >"$root.log" 2>&1 || { tail -n 20 "$root.log" >&2; exit 1; }
-rm -f "$root.log"
-rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+  bookworm "$root" "$mirror" >"$log" 2>&1 || { tail -n 20 "$log" >&2; exit 1; }
+rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/cache/apt/*.bin "$root"/var/lib/apt/lists/*
 tar -C "$root" -c . | docker import --change 'ENV LANG=C.UTF-8' --change 'CMD ["bash"]' \
   --message "debootstrap --variant=minbase bookworm (deploy/debian-base.sh)" - "$name" >/dev/null
 echo "debian-base: imported $name" >&2

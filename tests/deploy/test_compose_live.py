@@ -34,6 +34,7 @@ from tests.deploy.docker_stack import (
 )
 from tests.deploy.live import wait_for
 from tests.deploy.prom import expressions, promql
+from tests.deploy.tools import REPO
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(BUILD_TIMEOUT + 900)]
 
@@ -41,12 +42,17 @@ MODEL = "tiny-llama"
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 STREAMS = 16
 MAX_TOKENS = 192
+LOGS = REPO / "build" / "compose-test"
 SCRAPED = {"frontend:9404", "scheduler:9400", "worker:9401", "embedding-worker:9402"}
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    log = tmp_path_factory.mktemp("compose") / "compose.log"
+def stack():
+    """The stack, up and healthy. Its commands' output and, at the end, every service's log are
+    in build/compose-test/ (kept for a failed CI run to show)."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log = LOGS / "compose.log"
+    log.write_text("")
     ensure_engine(log)
     stack = Stack(project=f"kvltest{uuid.uuid4().hex[:8]}", log=log)
     try:
@@ -55,6 +61,8 @@ def stack(tmp_path_factory):
         wait_for(lambda: _health(stack) == 200, "the frontend's /health", timeout=300)
         yield stack
     finally:
+        with contextlib.suppress(Exception):
+            (LOGS / "services.log").write_text(stack.compose("logs", "--no-color", timeout=120))
         # the last test checks `down`; this one only cleans up after a failure
         with contextlib.suppress(Exception):
             stack.down()
@@ -146,17 +154,22 @@ def test_prometheus_scrapes_every_service_and_the_dashboard_has_data(stack):
     wait_for(all_up, f"Prometheus to see {sorted(SCRAPED)} up", timeout=120)
     [expr] = [e for title, e in expressions() if title == "Prompt and generation tokens /s / B"]
 
-    def has_data() -> bool:
-        q = httpx.get(
-            f"{stack.prometheus_url}/api/v1/query", params={"query": promql(expr)}, timeout=10
-        ).json()
-        assert q["status"] == "success", q
-        return any(float(r["value"][1]) > 0 for r in q["data"]["result"])
+    def query(q: str) -> list[dict]:
+        reply = httpx.get(f"{stack.prometheus_url}/api/v1/query", params={"query": q}, timeout=10)
+        assert reply.json()["status"] == "success", reply.text
+        return reply.json()["data"]["result"]
 
-    with _client(stack) as http:  # traffic inside the rate window
-        for i in range(4):
-            assert http.post("/v1/completions", json=_body(f"Prometheus {i}")).status_code == 200
-    wait_for(has_data, "the dashboard's generation-token rate to have data", timeout=120)
+    def has_data() -> bool:
+        # traffic inside the rate window, then Prometheus's next scrape must see it
+        with _client(stack) as http:
+            assert http.post("/v1/completions", json=_body("Prometheus")).status_code == 200
+        return any(float(r["value"][1]) > 0 for r in query(promql(expr)))
+
+    try:
+        wait_for(has_data, "the dashboard's generation-token rate to have data", timeout=120)
+    except AssertionError as err:
+        samples = query("kvledger_generation_tokens_total[2m]")
+        raise AssertionError(f"{err}; the counter's samples: {samples}") from None
 
 
 def _running_by_worker(stack: Stack) -> dict[str, float]:
