@@ -35,7 +35,7 @@ images: wheels
 	KVLEDGER_BASE_IMAGE=kvledger-base:bookworm KVLEDGER_WHEELHOUSE=1 \
 		KVLEDGER_WORKER_AUTH_TOKEN=$${KVLEDGER_WORKER_AUTH_TOKEN:-unused-by-build} \
 		KVLEDGER_FRONTEND_AUTH_TOKEN=$${KVLEDGER_FRONTEND_AUTH_TOKEN:-unused-by-build} \
-		docker-compose build scheduler prometheus
+		docker-compose build --parallel scheduler prometheus
 
 test: install system-deps check-protos lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

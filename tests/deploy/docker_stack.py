@@ -8,6 +8,7 @@ scripts in deploy/); nothing is simulated.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import secrets
@@ -108,10 +109,12 @@ class Stack:
     def build(self) -> None:
         """The Debian-built base, the wheelhouse, then the CPU and Prometheus images (the
         layers of an earlier run are reused); old images of this tag are pruned."""
-        sh(["bash", "deploy/debian-base.sh", BASE_IMAGE], self.log, timeout=900)
         wheel_env = dict(os.environ, PYTHON=sys.executable)
-        sh(["bash", "deploy/wheelhouse.sh"], self.log, timeout=600, env=wheel_env)
-        self.compose("build", "scheduler", "prometheus", timeout=BUILD_TIMEOUT)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:  # debootstrap and pip at once
+            base = pool.submit(sh, ["bash", "deploy/debian-base.sh", BASE_IMAGE], self.log, 900)
+            sh(["bash", "deploy/wheelhouse.sh"], self.log, timeout=600, env=wheel_env)
+            base.result()
+        self.compose("build", "--parallel", "scheduler", "prometheus", timeout=BUILD_TIMEOUT)
         docker("image", "prune", "-f", "--filter", "label=org.opencontainers.image.title=kvledger")
 
     def up(self) -> None:

@@ -90,7 +90,7 @@ def _body(prompt: str, max_tokens: int = 8) -> dict:
 
 
 def _stream_text(http: httpx.Client, body: dict, started: list[bool] | None = None) -> str:
-    """The streamed completion's text; marks `started` once its first token arrived."""
+    """The streamed completion's text; appends to `started` as its tokens arrive."""
     text = []
     with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as reply:
         assert reply.status_code == 200, reply.read()
@@ -203,9 +203,9 @@ def test_a_worker_crashed_under_16_streams_comes_back_and_no_stream_changes(stac
     bodies = [_body(p, MAX_TOKENS) for p in prompts]
     with _client(stack) as http, concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
         undisturbed = list(pool.map(lambda b: _stream_text(http, b), bodies))
-        started: list[bool] = []
-        futures = [pool.submit(_stream_text, http, b, started) for b in bodies]
-        wait_for(lambda: len(started) >= STREAMS, "every stream's first tokens", timeout=120)
+        started: list[list[bool]] = [[] for _ in bodies]
+        futures = [pool.submit(_stream_text, http, b, started[i]) for i, b in enumerate(bodies)]
+        wait_for(lambda: all(started), "every stream's first tokens", timeout=120)
         busy = {w: n for w, n in _running_by_worker(stack).items() if n > 0}
         victim_id = next((w for w in busy if not w.startswith("embed")), None)
         assert victim_id, f"no CPU worker is running a stream: {busy}"

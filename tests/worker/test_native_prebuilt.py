@@ -4,26 +4,31 @@ compiler and no torch builder; a directory without one leaves the normal build t
 
 from __future__ import annotations
 
+import os
 import shutil
-from pathlib import Path
-
-import pytest
+import subprocess
+import sys
 
 from worker import native
 
 
-def test_the_prebuilt_module_of_this_digest_is_imported_without_a_build(tmp_path, monkeypatch):
+def test_the_prebuilt_module_of_this_digest_is_imported_without_a_build(tmp_path):
     built = native.load()
     assert not isinstance(built, str), built  # the test machines have a compiler
     name = native.build_name()
     (tmp_path / name).mkdir()
     shutil.copy(built.__file__, tmp_path / name / f"{name}.so")
-    monkeypatch.setenv("KVLEDGER_PREBUILT_KERNELS", str(tmp_path))
-    monkeypatch.setattr(native, "_build", lambda: pytest.fail("built instead of importing"))
-    monkeypatch.setattr(native, "_loaded", {})
-    module = native.load()
-    assert Path(module.__file__) == tmp_path / name / f"{name}.so"
-    assert module is not built and callable(module.paged_decode)
+    # A fresh process: this one already holds an extension module of that name.
+    probe = (
+        "from worker import native; native._build = lambda: 'built instead of imported'; "
+        "m = native.load(); print(m if isinstance(m, str) else m.__file__, m.paged_decode)"
+    )
+    env = dict(os.environ, KVLEDGER_PREBUILT_KERNELS=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == str(tmp_path / name / f"{name}.so"), out.stdout
 
 
 def test_a_module_of_another_digest_is_never_loaded(tmp_path, monkeypatch):
