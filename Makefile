@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Exactly this torch: the CPU build lies on local disk; any other version pulls a CUDA build.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: install system-deps run test lint protos check-protos bench clean wheels images
+.PHONY: install system-deps run test lint protos check-protos bench clean
 
 install: $(STAMP)
 
@@ -23,6 +23,8 @@ run: install
 # Debian's docker-compose and prometheus, for the deployment tests (apt-get; idempotent).
 system-deps:
 	bash deploy/ci-deps.sh
+
+.PHONY: wheels images
 
 # build/wheels for the CPU image's WHEELHOUSE=1 mode (no index in the build; docs/operations.md).
 wheels: install
