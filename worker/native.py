@@ -73,12 +73,12 @@ def load() -> ModuleType | str:
         return _loaded["module"]
 
 
-def _prebuilt() -> ModuleType | None:
-    """The module built into the image for exactly this digest, if there is one."""
+def _prebuilt(name: str | None = None) -> ModuleType | None:
+    """The module `name` (a digest name) built into the image, if there is one."""
     root = os.environ.get("KVLEDGER_PREBUILT_KERNELS")
     if not root:
         return None
-    name = build_name()
+    name = name or build_name()
     path = Path(root) / name / f"{name}.so"
     if not path.is_file():
         log.info("no prebuilt CPU kernels for this CPU and source in %s", root)
