@@ -24,6 +24,21 @@ run: install
 system-deps:
 	bash deploy/ci-deps.sh
 
+.PHONY: wheels images
+
+# build/wheels for the CPU image's WHEELHOUSE=1 mode (no index in the build; docs/operations.md).
+wheels: install
+	PYTHON=$(BIN)/python bash deploy/wheelhouse.sh
+
+# The compose stack's images from Debian's packages and the wheelhouse: what tests/deploy's
+# compose test builds (a running engine: bash deploy/start-dockerd.sh).
+images: wheels
+	bash deploy/debian-base.sh kvledger-base:bookworm
+	KVLEDGER_BASE_IMAGE=kvledger-base:bookworm KVLEDGER_WHEELHOUSE=1 \
+		KVLEDGER_WORKER_AUTH_TOKEN=$${KVLEDGER_WORKER_AUTH_TOKEN:-unused-by-build} \
+		KVLEDGER_FRONTEND_AUTH_TOKEN=$${KVLEDGER_FRONTEND_AUTH_TOKEN:-unused-by-build} \
+		docker-compose build --parallel scheduler prometheus
+
 test: install system-deps check-protos lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

@@ -2,6 +2,9 @@
 # Debian packages the deployment tests (tests/deploy) need, installed only when missing:
 #   docker-compose  `docker-compose config -q` validates docker-compose.yml offline
 #   prometheus      `promtool` and a real Prometheus server for the live dashboard test
+#   docker.io       the Docker engine (dockerd, started by deploy/start-dockerd.sh where no
+#                   systemd does) for the compose test, tests/deploy/test_compose_live.py
+#   debootstrap     the Debian-built base image (deploy/debian-base.sh)
 # Idempotent and quiet. Needs root or sudo. When an install fails it prints why and still exits
 # 0: the rest of the suite runs, and the tests that need the tool fail saying it is missing.
 # (On a machine run by systemd, the prometheus package also enables a system Prometheus on
@@ -11,6 +14,8 @@ set -uo pipefail
 missing=()
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || missing+=(prometheus)
+command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 sudo=()

@@ -9,13 +9,19 @@ cache directory shared between machines (a volume) never hands one CPU another's
 build takes ~30-60 s on two cores, once; later starts load it in milliseconds. Where no
 compiler or ninja is available the build fails, `load()` says why, and the callers fall back
 to torch: the reference attention backend, the torch ops of `worker/layers/`.
+
+An image with no compiler (deploy/Dockerfile.cpu) builds the module at image build time and
+names the directory in `KVLEDGER_PREBUILT_KERNELS`: a module there under this source, torch and
+CPU digest is imported as is, without torch's builder (which would want a compiler to check it).
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import logging
+import os
 import platform
 import threading
 from pathlib import Path
@@ -63,8 +69,25 @@ def load() -> ModuleType | str:
     """The compiled module, or a one-line reason it could not be built (cached either way)."""
     with _lock:
         if "module" not in _loaded:
-            _loaded["module"] = _build()
+            _loaded["module"] = _prebuilt() or _build()
         return _loaded["module"]
+
+
+def _prebuilt(name: str | None = None) -> ModuleType | None:
+    """The module `name` (a digest name) built into the image, if there is one."""
+    root = os.environ.get("KVLEDGER_PREBUILT_KERNELS")
+    if not root:
+        return None
+    name = name or build_name()
+    path = Path(root) / name / f"{name}.so"
+    if not path.is_file():
+        log.info("no prebuilt CPU kernels for this CPU and source in %s", root)
+        return None
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _build() -> ModuleType | str:

@@ -1,16 +1,22 @@
-"""The Dockerfiles in deploy/: non-root, dependencies before sources, flash-attn in the CUDA one.
-(No Docker engine here: these read the files; nothing is built.)"""
+"""The Dockerfiles in deploy/: non-root, dependencies before sources, flash-attn in the CUDA one,
+a CPU runtime stage without a compiler, and hadolint clean. These read the files; the CPU and
+Prometheus images are built and run by test_compose_live.py (the CUDA image only here: no
+CUDA base image or GPU where the tests run)."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from tests.deploy.compose import resolved
 from tests.deploy.tools import REPO
 
-DOCKERFILES = ["deploy/Dockerfile.cpu", "deploy/Dockerfile.cuda"]
+DOCKERFILES = ["deploy/Dockerfile.cpu", "deploy/Dockerfile.cuda"]  # the kvledger images
+PROMETHEUS = "deploy/Dockerfile.prometheus"
 
 
 def instructions(path: str) -> list[tuple[str, str]]:
@@ -32,8 +38,12 @@ def final_stage(path: str) -> list[tuple[str, str]]:
 
 
 def test_compose_builds_only_these_dockerfiles():
-    built = {s["build"]["dockerfile"] for s in resolved("gpu")["services"].values() if "build" in s}
-    assert built == set(DOCKERFILES)
+    built = {
+        str((Path(s["build"]["context"]) / s["build"]["dockerfile"]).relative_to(REPO))
+        for s in resolved("gpu")["services"].values()
+        if "build" in s
+    }
+    assert built == {*DOCKERFILES, PROMETHEUS}
 
 
 @pytest.mark.parametrize("path", DOCKERFILES)
@@ -57,7 +67,7 @@ def test_dependencies_are_installed_before_sources_are_copied(path):
     deps = [
         i
         for i, (word, args) in enumerate(steps)
-        if word == "RUN" and re.search(r"pip install [^-]*\.", args)
+        if word == "RUN" and re.search(r"pip install ([^-]*\.|.* -r /tmp/deps\.txt)", args)
     ]
     assert deps and deps[0] < first_source
     assert not any(word == "COPY" and args.split()[0] == "." for word, args in steps)
@@ -75,3 +85,37 @@ def test_cuda_image_installs_flash_attn_and_a_cuda_torch():
     assert re.search(r"pip install \"?flash-attn", runs)
     assert "--no-build-isolation" in runs
     assert any(word == "FROM" and "nvidia/cuda" in args for word, args in steps)
+
+
+def test_cpu_image_builds_kernels_then_runs_without_a_compiler():
+    steps = instructions("deploy/Dockerfile.cpu")
+    froms = [args for word, args in steps if word == "FROM"]
+    assert froms == ["${BASE} AS build", "${BASE}"], "multi-stage, both on the BASE argument"
+    build_runs = " ".join(args for word, args in steps[: steps.index(("FROM", "${BASE}"))])
+    assert "g++" in build_runs and "native.load()" in build_runs
+    final = final_stage("deploy/Dockerfile.cpu")
+    runs = " ".join(args for word, args in final if word == "RUN")
+    assert "g++" not in runs and "KVLEDGER_PREBUILT_KERNELS=" in " ".join(
+        args for word, args in final if word == "ENV"
+    )
+    assert any(word == "HEALTHCHECK" for word, _ in final)
+    assert any(word == "LABEL" and "org.opencontainers.image" in args for word, args in final)
+
+
+def test_wheelhouse_mode_uses_no_index():
+    text = (REPO / "deploy" / "Dockerfile.cpu").read_text()
+    assert "--no-index --find-links /wheels" in text
+    assert "COPY deploy/requirements.py build/wheel[s] /wheels/" in text, "index mode: none"
+
+
+@pytest.mark.parametrize("path", [*DOCKERFILES, PROMETHEUS])
+def test_hadolint_is_clean(path):
+    hadolint = Path(sys.executable).parent / "hadolint"
+    proc = subprocess.run(
+        [str(hadolint), "--config", str(REPO / ".hadolint.yaml"), str(REPO / path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

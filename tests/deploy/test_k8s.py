@@ -74,12 +74,18 @@ COMPOSE_TWIN = {
     },
 }
 COMPOSE_TWIN["cpu-tls"] = COMPOSE_TWIN["cpu"]
-# Where Kubernetes differs from compose on purpose: JSON logs for the cluster's log stack and a
-# required API key (added); the scheduler's address is its Service, a worker's id its pod's
-# name, and every worker pod has its own IP, so the CUDA worker keeps the workers' metrics port
-# (compose gives it 9403 beside the others on one host).
-K8S_ONLY_ENV = {"KVLEDGER_LOG_FORMAT", "KVLEDGER_API_KEY"}
-DIFFERENT_VALUE = {"KVLEDGER_SCHEDULER", "KVLEDGER_WORKER_ID", "KVLEDGER_METRICS_PORT"}
+# Where Kubernetes differs from compose on purpose: JSON logs for the cluster's log stack
+# (added); the API key is required (a Secret; optional in compose); the scheduler's address is
+# its Service, a worker's id its pod's name (compose's CPU worker sets none: each replica of
+# `--scale` names itself), and every worker pod has its own IP, so the CUDA worker keeps the
+# workers' metrics port (compose gives it 9403 beside the others on one host).
+K8S_ONLY_ENV = {"KVLEDGER_LOG_FORMAT"}
+DIFFERENT_VALUE = {
+    "KVLEDGER_SCHEDULER",
+    "KVLEDGER_WORKER_ID",
+    "KVLEDGER_METRICS_PORT",
+    "KVLEDGER_API_KEY",
+}
 # The component grpc-tls adds these (compose stays plaintext); only in its overlays.
 TLS_ENV = {"KVLEDGER_GRPC_TLS_CERT", "KVLEDGER_GRPC_TLS_KEY", "KVLEDGER_GRPC_TLS_CA"}
 # The frontend's keys must be set: a cluster Service is reachable by every pod of the cluster.
@@ -136,10 +142,10 @@ def compose_env(name: str) -> dict[str, str]:
     out = {}
     for key, raw in compose_services()[name]["environment"].items():
         match = COMPOSE_VAR.fullmatch(str(raw))
-        if match is None:
-            out[key] = str(raw)
+        if match is not None and match.group(2) == "?":
+            out[key] = None
         else:
-            out[key] = match.group(3) if match.group(2) == "-" else None
+            out[key] = COMPOSE_VAR.sub(lambda m: m.group(3) or "", str(raw))
     return out
 
 
@@ -230,6 +236,7 @@ def test_same_shape_as_docker_compose(overlay):
         ours = {k for k in env_entries(dep) if k.startswith("KVLEDGER_")}
         theirs = compose_env(twin)
         k8s_only = K8S_ONLY_ENV | (TLS_ENV if overlay in TLS_OVERLAYS else set())
+        k8s_only |= {"KVLEDGER_WORKER_ID"} - set(theirs)
         assert compose_services()[twin]["command"] == container(dep)["command"], name
         # compose may restate a default that the manifests leave out
         restated = {k for k, v in theirs.items() if k not in PINNED and _is_default(dep, k, v)}

@@ -1,0 +1,44 @@
+"""The compiled CPU kernels built into an image (deploy/Dockerfile.cpu): a module under
+KVLEDGER_PREBUILT_KERNELS with this source, torch and CPU digest is imported as is, with no
+compiler and no torch builder; a directory without one leaves the normal build to run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+from worker import native
+
+
+def test_the_prebuilt_module_of_this_digest_is_imported_without_a_build(tmp_path):
+    built = native.load()
+    assert not isinstance(built, str), built  # the test machines have a compiler
+    name = native.build_name()
+    (tmp_path / name).mkdir()
+    shutil.copy(built.__file__, tmp_path / name / f"{name}.so")
+    # A fresh process: this one already holds an extension module of that name.
+    probe = (
+        "from worker import native; native._build = lambda: 'built instead of imported'; "
+        "m = native.load(); print(m if isinstance(m, str) else m.__file__, m.paged_decode)"
+    )
+    env = dict(os.environ, KVLEDGER_PREBUILT_KERNELS=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == str(tmp_path / name / f"{name}.so"), out.stdout
+
+
+def test_a_module_of_another_digest_is_never_loaded(tmp_path, monkeypatch):
+    stale = tmp_path / "kvledger_cpu_ops_000000000000"
+    stale.mkdir()
+    (stale / f"{stale.name}.so").write_bytes(b"not a module")
+    monkeypatch.setenv("KVLEDGER_PREBUILT_KERNELS", str(tmp_path))
+    assert native._prebuilt() is None
+
+
+def test_without_the_variable_nothing_is_looked_up(monkeypatch):
+    monkeypatch.delenv("KVLEDGER_PREBUILT_KERNELS", raising=False)
+    assert native._prebuilt() is None
