@@ -14,12 +14,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import Counter
 from tokenizers import Tokenizer
 
+from kvledger.gguf_file import GGUFError, is_gguf
 from kvledger.grpc_auth import bearer_interceptors
 from kvledger.rpc import CHANNEL_OPTIONS
 from kvledger.tls import TlsFiles, aio_channel
 from protos import frontend_pb2, frontend_pb2_grpc
 from server.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from server.errors import APIError
+from server.gguf_tokenizer import load_gguf_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +149,7 @@ class SchedulerClient:
         if info.model_path not in self._templates:
             try:
                 template = load_chat_template(info.model_path, self.chat_template_override)
-            except (OSError, ChatTemplateError) as err:
+            except (OSError, ChatTemplateError, GGUFError) as err:
                 log.error("model %s: cannot read its chat template: %s", info.name, err)
                 template = None
             self._templates[info.model_path] = template
@@ -162,9 +164,14 @@ class SchedulerClient:
         failed = self._tokenizer_failures.get(model_path)
         if failed is not None and time.monotonic() - failed[1] < TOKENIZER_RETRY_SECONDS:
             raise TokenizerUnavailable(failed[0])
-        file = Path(model_path) / "tokenizer.json"
+        gguf = is_gguf(model_path)
+        file = Path(model_path) if gguf else Path(model_path) / "tokenizer.json"
         try:
-            tokenizer = Tokenizer.from_file(str(file))
+            tokenizer = (
+                load_gguf_tokenizer(model_path).tokenizer
+                if gguf
+                else Tokenizer.from_file(str(file))
+            )
         except Exception as err:  # noqa: BLE001 - any failure: this one model is unavailable
             why = f"cannot load {file}: {err}"
             if failed is None or failed[0] != why:
