@@ -37,17 +37,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup_logging("worker", settings.log_level, settings.log_format)
     tls = checked(settings, server=False, service="worker")
     stopper = Stopper("worker", settings.shutdown_timeout).install()
-    model_path = resolve_model(settings.model)
     name = settings.served_model_name or settings.model
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     kwargs = runner_kwargs(settings)
     group: RankGroup | None = None
-    if settings.tensor_parallel_size > 1:
-        group = RankGroup.start(settings, model_path, kwargs)
     try:
+        model_path = resolve_model(settings.model)
+        if settings.tensor_parallel_size > 1:
+            group = RankGroup.start(settings, model_path, kwargs)
         runner = load_runner(model_path, tp=group.tp if group else None, **kwargs)
     except GroupLost as err:
         exit_now(f"the tensor-parallel group broke while loading: {err}")
+    except MODEL_ERRORS as err:
+        # A model that cannot be served is the operator's to fix: one line naming the cause
+        # (the traceback only at debug level), and a non-zero exit.
+        log.debug("loading %s failed", settings.model, exc_info=True)
+        exit_now(f"cannot serve model {settings.model!r}: {model_error(err)}", logger=log)
     kind = (
         frontend_pb2.MODEL_KIND_EMBED
         if runner.kind == "embed"
@@ -89,6 +94,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     if group:
         group.stop()
     log.info("worker %s stopped", worker_id)
+
+
+# What a bad --model raises: a missing path (OSError), a config, file or checkpoint this worker
+# cannot run (ValueError: UnsupportedModelError, GGUFError, ...), a package not installed.
+MODEL_ERRORS = (OSError, ValueError, ImportError)
+
+
+def model_error(err: BaseException) -> str:
+    """One line: the error's message, or for a missing package how to install it."""
+    if isinstance(err, ImportError) and err.name:
+        return f"the {err.name} package is not installed (pip install {err.name})"
+    text = " ".join(str(err).split())
+    return text or type(err).__name__
 
 
 def runner_kwargs(settings: WorkerSettings) -> dict[str, Any]:
