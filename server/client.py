@@ -112,7 +112,7 @@ class SchedulerClient:
                 models, unloadable = {}, {}
                 for m in reply.models:
                     try:
-                        tokenizer = self._tokenizer(m.name, m.model_path)
+                        tokenizer = self._tokenizer(m.name, m.tokenizer_path or m.model_path)
                         models[m.name] = ServedModel(m, tokenizer, self._template(m))
                     except TokenizerUnavailable as err:
                         unloadable[m.name] = str(err)
@@ -142,18 +142,19 @@ class SchedulerClient:
         return models[name]
 
     def _template(self, info: frontend_pb2.ModelInfo) -> ChatTemplate | None:
-        """The model's chat template (--chat-template first), read once per directory; an
-        embedding model has none."""
+        """The model's chat template (--chat-template first, then the --tokenizer directory's,
+        then the model's), read once per directory; an embedding model has none."""
         if info.kind == frontend_pb2.MODEL_KIND_EMBED:
             return None
-        if info.model_path not in self._templates:
+        source = info.tokenizer_path or info.model_path  # --tokenizer's directory first
+        if source not in self._templates:
             try:
-                template = load_chat_template(info.model_path, self.chat_template_override)
+                template = load_chat_template(source, self.chat_template_override)
             except (OSError, ChatTemplateError, GGUFError) as err:
                 log.error("model %s: cannot read its chat template: %s", info.name, err)
                 template = None
-            self._templates[info.model_path] = template
-        return self._templates[info.model_path]
+            self._templates[source] = template
+        return self._templates[source]
 
     def _tokenizer(self, name: str, model_path: str) -> Tokenizer:
         """The tokenizer in the model's directory (loaded once); TokenizerUnavailable when it

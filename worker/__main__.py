@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import prometheus_client
@@ -70,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         eos_token_ids=runner.eos_token_ids,
         auth_token=settings.worker_auth_token,
         embedding_size=runner.embedding_size,
+        tokenizer_path=tokenizer_path(settings.tokenizer),
     )
     metrics = WorkerMetrics(name, worker_id)
     start_metrics_server(
@@ -107,6 +109,17 @@ def model_error(err: BaseException) -> str:
         return f"the {err.name} package is not installed (pip install {err.name})"
     text = " ".join(str(err).split())
     return text or type(err).__name__
+
+
+def tokenizer_path(directory: str | None) -> str:
+    """--tokenizer as an absolute path the frontend can read, refused at once when it holds no
+    tokenizer.json (found only by the frontend, every request would fail)."""
+    if not directory:
+        return ""
+    path = Path(directory).expanduser().resolve()
+    if not (path / "tokenizer.json").is_file():
+        exit_now(f"--tokenizer {directory}: no tokenizer.json in that directory", logger=log)
+    return str(path)
 
 
 def runner_kwargs(settings: WorkerSettings) -> dict[str, Any]:

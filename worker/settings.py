@@ -44,6 +44,11 @@ class WorkerSettings(
     served_model_name: str | None = option(
         None, "name clients use for the model (default: derived)"
     )
+    tokenizer: str | None = option(
+        None,
+        "directory with the tokenizer.json (and tokenizer_config.json: chat template) the "
+        "frontend uses instead of the model's own (e.g. for a GGUF file's)",
+    )
     block_size: int = option(16, "tokens per KV block")
     num_kv_blocks: int | None = option(
         None, "fixed number of KV blocks (overrides the memory budget)"
