@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +111,7 @@ class SchedulerClient:
         async with self._lock:
             if refresh or time.monotonic() - self._fetched_at > CATALOG_TTL_SECONDS:
                 reply = await self.stub.ListModels(frontend_pb2.ListModelsRequest(), timeout=5.0)
+                await self._read_gguf_files(reply.models)
                 models, unloadable = {}, {}
                 for m in reply.models:
                     try:
@@ -140,6 +143,16 @@ class SchedulerClient:
                 404, f"The model `{name}` does not exist.", param="model", code="model_not_found"
             )
         return models[name]
+
+    async def _read_gguf_files(self, infos: Iterable[frontend_pb2.ModelInfo]) -> None:
+        """Parse new GGUF files off the event loop (seconds for a large vocabulary; the
+        result is cached by path): the loop keeps answering meanwhile. A file that fails
+        here fails again, and is reported, when its tokenizer is loaded."""
+        for info in infos:
+            path = info.tokenizer_path or info.model_path
+            if is_gguf(path) and path not in self._tokenizers:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(load_gguf_tokenizer, path)
 
     def _template(self, info: frontend_pb2.ModelInfo) -> ChatTemplate | None:
         """The model's chat template (--chat-template first, then the --tokenizer directory's,
