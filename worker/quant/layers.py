@@ -54,9 +54,15 @@ class QuantizedLinear(nn.Module):
         self.ggml_type = int(ggml_type)
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        self.shard_sizes = dict(shard_sizes or {"": self.out_features})
-        if sum(self.shard_sizes.values()) != self.out_features:
-            raise ValueError(f"shards {self.shard_sizes} do not cover {self.out_features} rows")
+        if shard_sizes is not None:  # as PackedLinear's: the loader fills a bias shard by shard
+            self.shard_sizes = dict(shard_sizes)
+            self.shards: dict[str, slice] = {}
+            start = 0
+            for name, size in shard_sizes.items():
+                self.shards[name] = slice(start, start + size)
+                start += size
+            if start != self.out_features:
+                raise ValueError(f"shards {shard_sizes} do not cover {self.out_features} rows")
         self.isa = kernels.ISAS[isa] if isa is not None else kernels.isa_from_env()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -66,6 +72,7 @@ class QuantizedLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A packed layer's output per shard (as `PackedLinear.split`)."""
         return y.split(list(self.shard_sizes.values()), dim=-1)
 
     def dequantized(self) -> torch.Tensor:
