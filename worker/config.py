@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvledger.gguf_file import is_gguf
+
 DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 # BERT with a pretraining head: the encoder's weights are prefixed `bert.`, the heads are ignored.
 ENCODER_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForPreTraining")
@@ -171,6 +173,11 @@ class EncoderConfig:
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
+    """config.json, or for a GGUF file the same fields from its metadata (worker/gguf/)."""
+    if is_gguf(model_dir):
+        from worker.gguf.checkpoint import open_checkpoint  # needs the gguf package
+
+        return open_checkpoint(model_dir).hf_config
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json")

@@ -1,4 +1,5 @@
-"""Load Hugging Face `*.safetensors` weights into a model, with a progress bar.
+"""Load Hugging Face `*.safetensors` weights, or a GGUF file's (`worker/gguf/`), into a model,
+with a progress bar.
 
 Every parameter must be filled exactly once (packed ones shard by shard); anything missing or
 unexpected is an error naming the tensors, never a silently random weight.
@@ -11,6 +12,9 @@ with safetensors' `get_slice`, so no rank materializes the whole tensor.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +22,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
+
+from kvledger.gguf_file import is_gguf
 
 # Buffers some checkpoints carry that the model recomputes.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -42,6 +48,36 @@ def weight_files(model_dir: Path) -> list[Path]:
     return files
 
 
+@dataclass(frozen=True)
+class StoredTensor:
+    """One checkpoint tensor, read on demand: `read(None)` is all of it, `read(source)` the
+    slice a tensor-parallel rank takes (`Piece.source`)."""
+
+    name: str
+    read: Callable[[Any], torch.Tensor]
+
+
+def checkpoint_tensors(model_path: Path) -> list[StoredTensor]:
+    """A Hugging Face directory's safetensors, or a GGUF file's tensors (worker/gguf/)."""
+    if is_gguf(model_path):
+        from worker.gguf.load import gguf_tensors  # the gguf package, only for GGUF models
+
+        return gguf_tensors(model_path)
+    return [
+        StoredTensor(name, partial(_read_safetensors, path, name))
+        for path in weight_files(model_path)
+        for name in _names(path)
+    ]
+
+
+def _read_safetensors(path: Path, name: str, source: Any) -> torch.Tensor:
+    # The file is mapped for one tensor at a time: its pages leave the worker's resident
+    # memory when the mapping closes. Mapped for the whole load, they stayed resident beside
+    # the copies (a 300M model peaked at 2088 MiB against 1161 MiB once loaded).
+    with safe_open(str(path), framework="pt") as f:
+        return f.get_tensor(name) if source is None else f.get_slice(name)[source]
+
+
 def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> None:
     params = dict(model.named_parameters())
     packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
@@ -50,37 +86,27 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     # Checkpoint tensors a model deliberately leaves unused (e.g. BERT's pooler head).
     ignored: tuple[str, ...] = tuple(getattr(model, "ignored_weights", ()))
-    files = {path: _names(path) for path in weight_files(Path(model_dir))}
-    prefix = _checkpoint_prefix(model, params, packed, [n for ns in files.values() for n in ns])
-    total = sum(len(names) for names in files.values())
-    with tqdm(total=total, desc="loading weights", unit="tensor", disable=not progress) as bar:
-        for path, names in files.items():
-            for ckpt_name in names:
-                bar.update()
-                name = ckpt_name.removeprefix(prefix) if prefix else ckpt_name
-                if (
-                    name.endswith(IGNORED_SUFFIXES)
-                    or name.startswith(ignored)
-                    or (tied and name == "lm_head.weight")
-                ):
-                    continue
-                target, rows, shard = _target(name, packed, model)
-                if target not in params:
-                    unexpected.append(ckpt_name)
-                    continue
-                piece = _piece(model, target, shard)
-                # The file is mapped for one tensor at a time: its pages leave the worker's
-                # resident memory when the mapping closes. Mapped for the whole load, they
-                # stayed resident beside the copies (a 300M model peaked at 2088 MiB against
-                # 1161 MiB once loaded).
-                with safe_open(str(path), framework="pt") as f:
-                    if piece is None:
-                        tensor = f.get_tensor(ckpt_name)
-                    else:
-                        tensor = f.get_slice(ckpt_name)[piece.source]
-                        rows = piece.rows or rows
-                _copy(params[target], rows, tensor, ckpt_name)
-                filled[target] += tensor.shape[0] if shard is not None else 1
+    stored = checkpoint_tensors(Path(model_dir))
+    prefix = _checkpoint_prefix(model, params, packed, [t.name for t in stored])
+    for item in tqdm(stored, desc="loading weights", unit="tensor", disable=not progress):
+        ckpt_name = item.name
+        name = ckpt_name.removeprefix(prefix) if prefix else ckpt_name
+        if (
+            name.endswith(IGNORED_SUFFIXES)
+            or name.startswith(ignored)
+            or (tied and name == "lm_head.weight")
+        ):
+            continue
+        target, rows, shard = _target(name, packed, model)
+        if target not in params:
+            unexpected.append(ckpt_name)
+            continue
+        piece = _piece(model, target, shard)
+        tensor = item.read(None if piece is None else piece.source)
+        if piece is not None:
+            rows = piece.rows or rows
+        _copy(params[target], rows, tensor, ckpt_name)
+        filled[target] += tensor.shape[0] if shard is not None else 1
     _check_complete(model, params, filled, unexpected)
 
 
