@@ -74,7 +74,7 @@ class WorkerSettings(
         "a GGUF file's Q8_0/Q4_0/Q4_1 weights: gguf keeps their blocks in memory and multiplies "
         "with compiled CPU kernels (logits within 1e-3 of the dequantized model, ~1/4-1/7 of "
         "the float32 memory; CPU and -tp 1 only); none dequantizes every weight to --dtype; "
-        "auto: gguf where it can run, else none",
+        "auto (the default): gguf where it can run, else none",
         choices=QUANTIZATIONS,
     )
     seed: int = option(0, "base random seed")

@@ -36,6 +36,8 @@ def check_quantization(mode: str, model_path: Path, device: str, tp_size: int) -
         if mode == "gguf":
             raise ValueError(f"--quantization gguf needs a GGUF file; {model_path} is not one")
         return False
+    if mode == "auto" and not _has_blocks(model_path):
+        return False  # nothing to keep (an F32 or K-quant file): no kernels to build
     reason = _why_not(device, tp_size)
     if reason is None:
         return True
@@ -54,6 +56,13 @@ def _why_not(device: str, tp_size: int) -> str | None:
 
     built = kernels.load()
     return built if isinstance(built, str) else None
+
+
+def _has_blocks(model_path: Path) -> bool:
+    from worker.gguf import open_checkpoint  # cached: the config was read from it already
+    from worker.quant.formats import FORMATS
+
+    return any(int(t.ggml_type) in FORMATS for t in open_checkpoint(model_path).tensors())
 
 
 def keep_gguf_blocks(model: nn.Module, model_path: Path) -> set[str]:
