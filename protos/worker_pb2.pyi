@@ -16,7 +16,7 @@ class WorkerMessage(_message.Message):
     def __init__(self, registration: _Optional[_Union[Registration, _Mapping]] = ..., result: _Optional[_Union[StepResult, _Mapping]] = ...) -> None: ...
 
 class Registration(_message.Message):
-    __slots__ = ("worker_id", "model_name", "model_path", "kind", "block_size", "num_blocks", "max_model_len", "vocab_size", "eos_token_ids", "auth_token", "embedding_size", "max_steps_per_plan")
+    __slots__ = ("worker_id", "model_name", "model_path", "kind", "block_size", "num_blocks", "max_model_len", "vocab_size", "eos_token_ids", "auth_token", "embedding_size", "max_steps_per_plan", "tokenizer_path")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class Registration(_message.Message):
     AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_STEPS_PER_PLAN_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_PATH_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model_name: str
     model_path: str
@@ -41,7 +42,8 @@ class Registration(_message.Message):
     auth_token: str
     embedding_size: int
     max_steps_per_plan: int
-    def __init__(self, worker_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_path: _Optional[str] = ..., kind: _Optional[_Union[_frontend_pb2.ModelKind, str]] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., auth_token: _Optional[str] = ..., embedding_size: _Optional[int] = ..., max_steps_per_plan: _Optional[int] = ...) -> None: ...
+    tokenizer_path: str
+    def __init__(self, worker_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_path: _Optional[str] = ..., kind: _Optional[_Union[_frontend_pb2.ModelKind, str]] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., auth_token: _Optional[str] = ..., embedding_size: _Optional[int] = ..., max_steps_per_plan: _Optional[int] = ..., tokenizer_path: _Optional[str] = ...) -> None: ...
 
 class BlockHash(_message.Message):
     __slots__ = ("block_id", "hash")

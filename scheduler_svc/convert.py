@@ -162,6 +162,7 @@ def model_infos(registrations: Iterable[worker_pb2.Registration]) -> list[fronte
                 name=reg.model_name,
                 kind=reg.kind,
                 model_path=reg.model_path,
+                tokenizer_path=reg.tokenizer_path,
                 max_model_len=reg.max_model_len,
                 vocab_size=reg.vocab_size,
                 eos_token_ids=reg.eos_token_ids,

@@ -21,6 +21,8 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from kvledger.gguf_file import is_gguf
+
 log = logging.getLogger(__name__)
 
 SPECIAL_TOKEN_NAMES = (
@@ -144,7 +146,14 @@ def _compiled(source: str) -> jinja2.Template:
 
 def load_chat_template(model_dir: str | Path, override: str | None = None) -> ChatTemplate | None:
     """The template to use for a model: `override` (--chat-template: a file or the text),
-    else the model directory's; None when neither has one."""
+    else the model directory's (a GGUF file's `tokenizer.chat_template`); None when neither
+    has one."""
+    if is_gguf(model_dir):
+        from server.gguf_tokenizer import load_gguf_tokenizer
+
+        found = load_gguf_tokenizer(model_dir)
+        source = _template_text(override) if override else found.chat_template
+        return ChatTemplate(source, found.special_tokens) if source else None
     directory = Path(model_dir)
     config = _read_json(directory / "tokenizer_config.json")
     specials = _special_tokens(config, _read_json(directory / "special_tokens_map.json"))

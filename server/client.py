@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,12 +16,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import Counter
 from tokenizers import Tokenizer
 
+from kvledger.gguf_file import GGUFError, is_gguf
 from kvledger.grpc_auth import bearer_interceptors
 from kvledger.rpc import CHANNEL_OPTIONS
 from kvledger.tls import TlsFiles, aio_channel
 from protos import frontend_pb2, frontend_pb2_grpc
 from server.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from server.errors import APIError
+from server.gguf_tokenizer import load_gguf_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +111,11 @@ class SchedulerClient:
         async with self._lock:
             if refresh or time.monotonic() - self._fetched_at > CATALOG_TTL_SECONDS:
                 reply = await self.stub.ListModels(frontend_pb2.ListModelsRequest(), timeout=5.0)
+                await self._read_gguf_files(reply.models)
                 models, unloadable = {}, {}
                 for m in reply.models:
                     try:
-                        tokenizer = self._tokenizer(m.name, m.model_path)
+                        tokenizer = self._tokenizer(m.name, m.tokenizer_path or m.model_path)
                         models[m.name] = ServedModel(m, tokenizer, self._template(m))
                     except TokenizerUnavailable as err:
                         unloadable[m.name] = str(err)
@@ -139,19 +144,30 @@ class SchedulerClient:
             )
         return models[name]
 
+    async def _read_gguf_files(self, infos: Iterable[frontend_pb2.ModelInfo]) -> None:
+        """Parse new GGUF files off the event loop (seconds for a large vocabulary; the
+        result is cached by path): the loop keeps answering meanwhile. A file that fails
+        here fails again, and is reported, when its tokenizer is loaded."""
+        for info in infos:
+            path = info.tokenizer_path or info.model_path
+            if is_gguf(path) and path not in self._tokenizers:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(load_gguf_tokenizer, path)
+
     def _template(self, info: frontend_pb2.ModelInfo) -> ChatTemplate | None:
-        """The model's chat template (--chat-template first), read once per directory; an
-        embedding model has none."""
+        """The model's chat template (--chat-template first, then the --tokenizer directory's,
+        then the model's), read once per directory; an embedding model has none."""
         if info.kind == frontend_pb2.MODEL_KIND_EMBED:
             return None
-        if info.model_path not in self._templates:
+        source = info.tokenizer_path or info.model_path  # --tokenizer's directory first
+        if source not in self._templates:
             try:
-                template = load_chat_template(info.model_path, self.chat_template_override)
-            except (OSError, ChatTemplateError) as err:
+                template = load_chat_template(source, self.chat_template_override)
+            except (OSError, ChatTemplateError, GGUFError) as err:
                 log.error("model %s: cannot read its chat template: %s", info.name, err)
                 template = None
-            self._templates[info.model_path] = template
-        return self._templates[info.model_path]
+            self._templates[source] = template
+        return self._templates[source]
 
     def _tokenizer(self, name: str, model_path: str) -> Tokenizer:
         """The tokenizer in the model's directory (loaded once); TokenizerUnavailable when it
@@ -162,9 +178,14 @@ class SchedulerClient:
         failed = self._tokenizer_failures.get(model_path)
         if failed is not None and time.monotonic() - failed[1] < TOKENIZER_RETRY_SECONDS:
             raise TokenizerUnavailable(failed[0])
-        file = Path(model_path) / "tokenizer.json"
+        gguf = is_gguf(model_path)
+        file = Path(model_path) if gguf else Path(model_path) / "tokenizer.json"
         try:
-            tokenizer = Tokenizer.from_file(str(file))
+            tokenizer = (
+                load_gguf_tokenizer(model_path).tokenizer
+                if gguf
+                else Tokenizer.from_file(str(file))
+            )
         except Exception as err:  # noqa: BLE001 - any failure: this one model is unavailable
             why = f"cannot load {file}: {err}"
             if failed is None or failed[0] != why:

@@ -66,11 +66,12 @@ def check_text_fits(num_chars: int, model: ServedModel, param: str) -> None:
 
 def echoed(tokenizer: Tokenizer, prompt: Tokenized) -> Tokenized:
     """The prompt with its echo text: a token-id prompt is decoded token by token, as
-    generated text is detokenized, so that offsets index the text."""
+    generated text is detokenized, so that offsets index the text. Its special tokens stay in
+    the text (`[PAD] [PAD] ...`, as vLLM echoes them): the echo is the prompt as sent."""
     if prompt.text is not None:
         return prompt
     ids = prompt.ids
-    detokenizer = IncrementalDetokenizer(tokenizer, [], skip_special_tokens=True)
+    detokenizer = IncrementalDetokenizer(tokenizer, [], skip_special_tokens=False)
     text, offsets = "", []
     for token in ids:
         offsets.append(len(text))

@@ -111,6 +111,9 @@ def start_serve(
     serve and its children in a process group of their own (to signal the whole group)."""
     port, grpc_port = free_port(), free_port()
     metrics_port = free_port_run(4)
+    if "--model" not in extra:
+        # the suite's fast model; serve's own default (the real SmolLM2) is tested on its own
+        extra = ("--model", "tiny-llama", *extra)
     log_path = tmp / "serve.log"
     cmd = [
         sys.executable,

@@ -301,6 +301,7 @@ def test_the_per_process_flags_of_serve_are_these():
             "--max-model-len",
             "--attention-backend",
             "--tensor-parallel-size",
+            "--tokenizer",
         },
         FRONTEND: {"--metrics-port"},
     }

@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import prometheus_client
@@ -37,17 +38,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup_logging("worker", settings.log_level, settings.log_format)
     tls = checked(settings, server=False, service="worker")
     stopper = Stopper("worker", settings.shutdown_timeout).install()
-    model_path = resolve_model(settings.model)
     name = settings.served_model_name or settings.model
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     kwargs = runner_kwargs(settings)
     group: RankGroup | None = None
-    if settings.tensor_parallel_size > 1:
-        group = RankGroup.start(settings, model_path, kwargs)
     try:
+        model_path = resolve_model(settings.model)
+        if settings.tensor_parallel_size > 1:
+            group = RankGroup.start(settings, model_path, kwargs)
         runner = load_runner(model_path, tp=group.tp if group else None, **kwargs)
     except GroupLost as err:
         exit_now(f"the tensor-parallel group broke while loading: {err}")
+    except MODEL_ERRORS as err:
+        # A model that cannot be served is the operator's to fix: one line naming the cause
+        # (the traceback only at debug level), and a non-zero exit.
+        log.debug("loading %s failed", settings.model, exc_info=True)
+        exit_now(f"cannot serve model {settings.model!r}: {model_error(err)}", logger=log)
     kind = (
         frontend_pb2.MODEL_KIND_EMBED
         if runner.kind == "embed"
@@ -65,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         eos_token_ids=runner.eos_token_ids,
         auth_token=settings.worker_auth_token,
         embedding_size=runner.embedding_size,
+        tokenizer_path=tokenizer_path(settings.tokenizer),
     )
     metrics = WorkerMetrics(name, worker_id)
     start_metrics_server(
@@ -89,6 +96,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     if group:
         group.stop()
     log.info("worker %s stopped", worker_id)
+
+
+# What a bad --model raises: a missing path (OSError), a config, file or checkpoint this worker
+# cannot run (ValueError: UnsupportedModelError, GGUFError, ...), a package not installed.
+MODEL_ERRORS = (OSError, ValueError, ImportError)
+
+
+def model_error(err: BaseException) -> str:
+    """One line: the error's message, or for a missing package how to install it."""
+    if isinstance(err, ImportError) and err.name:
+        return f"the {err.name} package is not installed (pip install {err.name})"
+    text = " ".join(str(err).split())
+    return text or type(err).__name__
+
+
+def tokenizer_path(directory: str | None) -> str:
+    """--tokenizer as an absolute path the frontend can read, refused at once when it holds no
+    tokenizer.json (found only by the frontend, every request would fail)."""
+    if not directory:
+        return ""
+    path = Path(directory).expanduser().resolve()
+    if not (path / "tokenizer.json").is_file():
+        exit_now(f"--tokenizer {directory}: no tokenizer.json in that directory", logger=log)
+    return str(path)
 
 
 def runner_kwargs(settings: WorkerSettings) -> dict[str, Any]:

@@ -39,10 +39,17 @@ class WorkerSettings(
     DEFAULT_METRICS_PORT = 9401  # + i for the i-th worker `kvledger serve` starts
 
     model: str = option(
-        "tiny-llama", "HF model directory, or tiny-llama (generated random weights)"
+        "smollm2-135m-instruct",
+        "HF model directory, GGUF file (or a directory holding one), smollm2-135m-instruct "
+        "(the packaged SmolLM2-135M-Instruct GGUF) or tiny-llama (generated random weights)",
     )
     served_model_name: str | None = option(
         None, "name clients use for the model (default: derived)"
+    )
+    tokenizer: str | None = option(
+        None,
+        "directory with the tokenizer.json (and tokenizer_config.json: chat template) the "
+        "frontend uses instead of the model's own (e.g. for a GGUF file's)",
     )
     block_size: int = option(16, "tokens per KV block")
     num_kv_blocks: int | None = option(

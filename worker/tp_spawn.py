@@ -153,10 +153,10 @@ def watch_ranks(procs: list[BaseProcess], stopping: threading.Event) -> threadin
     return thread
 
 
-def exit_now(reason: str, code: int = 1) -> None:
+def exit_now(reason: str, code: int = 1, logger: logging.Logger = log) -> None:
     """Leaves at once, whatever a thread is blocked in (a collective, a gRPC read): the
     sockets close, so the scheduler and the other ranks see this process gone."""
-    log.error("%s", reason)
+    logger.error("%s", reason)
     for handler in logging.getLogger().handlers:
         with contextlib.suppress(Exception):
             handler.flush()

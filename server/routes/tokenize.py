@@ -51,7 +51,6 @@ class DetokenizeResponse(BaseModel):
 @router.post(
     "/tokenize",
     response_model=TokenizeResponse,
-    response_model_exclude_none=True,
     responses=error_responses(400, 404, 413, 503),
 )
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:

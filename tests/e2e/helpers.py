@@ -55,6 +55,8 @@ ENV = dict(
 
 
 def spawn(module: str, *args: str, log: Path) -> subprocess.Popen:
+    if module == "worker" and "--model" not in args:
+        args = ("--model", "tiny-llama", *args)  # the suite's fast model, not serve's default
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", module, *args],

@@ -30,10 +30,13 @@ def model_dir() -> str:
 
 
 @contextlib.contextmanager
-def worker(target: str, model: str, path: str, kind: int) -> Iterator[None]:
+def worker(
+    target: str, model: str, path: str, kind: int, tokenizer_path: str = ""
+) -> Iterator[None]:
     reg = worker_pb2.Registration(
         worker_id=f"w-{model}", model_name=model, model_path=path, kind=kind, block_size=4,
         num_blocks=64, max_model_len=256, vocab_size=30522, eos_token_ids=[102],
+        tokenizer_path=tokenizer_path,
     )  # fmt: skip
     runner = PositionRunner()
     runner.limits = limits_of(reg)
@@ -87,6 +90,23 @@ def test_chat_template_flag_replaces_the_models_own(scheduler, model_dir, tmp_pa
             assert tokens["token_strs"] == ["<", "user", ">", "hi", "there"]
             assert reply.status_code == 200, reply.text
             assert reply.json()["usage"]["prompt_tokens"] == 5
+
+
+def test_tokenizer_flag_replaces_the_models_own(scheduler, model_dir, tmp_path):
+    """--tokenizer DIR: the frontend reads tokenizer and chat template there, not from the
+    model's path (here a GGUF file it could not read at all)."""
+    with worker(scheduler.target, "g", str(tmp_path / "gone.gguf"), GENERATE, model_dir):
+        wait_for(lambda: len(scheduler.engine.links) == 1)
+
+        async def body(app, http):  # noqa: ANN001, ANN202
+            del app
+            prompt = {"model": "g", "prompt": "hello there", "return_token_strs": True}
+            chat = {"model": "g", "messages": USER, "return_token_strs": True}
+            return [(await http.post("/tokenize", json=r)).json() for r in (prompt, chat)]
+
+        plain, chat = asyncio.run(with_app(Settings(scheduler=scheduler.target), body))
+    assert plain["token_strs"] == ["[CLS]", "hello", "there"]
+    assert chat["token_strs"][:3] == ["[CLS]", "user", ":"]  # tiny-llama's chat template
 
 
 def test_a_model_without_a_template_is_400_naming_the_flag(scheduler, model_dir, tmp_path):

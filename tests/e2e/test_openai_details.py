@@ -62,7 +62,12 @@ def test_echo_of_a_token_id_prompt_is_the_decoded_prompt(client):
     out = client.completions.create(
         model=MODEL, prompt=[101, 7592, 1010, 2026], max_tokens=2, temperature=0, echo=True
     )
-    assert out.choices[0].text.startswith("hello, my")
+    assert out.choices[0].text.startswith("[CLS] hello, my")
+    # special tokens are echoed as they were sent, as vLLM echoes them
+    pads = client.completions.create(
+        model=MODEL, prompt=[0, 0, 0], max_tokens=1, temperature=0, echo=True
+    )
+    assert pads.choices[0].text.startswith("[PAD] [PAD] [PAD]")
 
 
 def test_top_logprobs_include_the_sampled_token(client):
@@ -164,7 +169,8 @@ def test_tokenize_token_strs_and_messages(http):
         "/tokenize", json={"model": MODEL, "prompt": PROMPT, "return_token_strs": True}
     ).json()
     assert reply["token_strs"] == ["[CLS]", "hello", ",", "my", "name", "is"]
-    assert "token_strs" not in http.post("/tokenize", json={"model": MODEL, "prompt": "x"}).json()
+    # always in the reply, null unless asked for (vLLM's shape)
+    assert http.post("/tokenize", json={"model": MODEL, "prompt": "x"}).json()["token_strs"] is None
     chat = http.post(
         "/tokenize",
         json={"model": MODEL, "messages": [{"role": "user", "content": PROMPT}],

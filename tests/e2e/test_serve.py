@@ -337,6 +337,8 @@ def test_sigterm_during_startup_stops_everything(tmp_path):
         str(free_port()),
         "--metrics-port",
         str(free_port()),
+        "--model",
+        "tiny-llama",
         "--embedding-model",
         "none",
         "--require-model",

@@ -1,0 +1,133 @@
+"""GGUF files (written here with gguf.GGUFWriter, one per supported type) load into the worker
+as transformers loads them with `gguf_file=`: every dequantized tensor equals
+gguf.quants.dequantize, logits agree within 1e-4 (float32), greedy decoding token for token.
+An unsupported type and a truncated file stop the worker with one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from tests.worker.gguf_files import SHAPE, ggml_permute, write_llama_gguf
+from tests.worker.helpers import ATOL, full_logits, greedy, hf_greedy, make_runner, random_tokens
+from worker.gguf import SUPPORTED_TYPES, open_checkpoint
+from worker.gguf.names import Permute, unpermute_order
+
+REPO = Path(__file__).resolve().parents[2]
+TYPES = [t.name for t in SUPPORTED_TYPES]
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory: pytest.TempPathFactory):
+    made: dict[str, Path] = {}
+
+    def get(type_name: str) -> Path:
+        if type_name not in made:
+            from gguf import GGMLQuantizationType
+
+            out = tmp_path_factory.mktemp(type_name)
+            # the F32 file ties its embeddings, the others keep an output.weight
+            qtype = GGMLQuantizationType[type_name]
+            made[type_name] = write_llama_gguf(out, qtype, tied=type_name == "F32")
+        return made[type_name]
+
+    return get
+
+
+def hf_gguf_model(path: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+def test_unpermute_inverts_llama_cpp_permute() -> None:
+    w = np.arange(24 * 3, dtype=np.float32).reshape(24, 3)
+    for heads in (1, 2, 3):
+        permuted = ggml_permute(w, heads)
+        np.testing.assert_array_equal(permuted[unpermute_order(24, Permute(heads))], w)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_dequantized_tensors_equal_gguf_dequantize(gguf_file, type_name: str) -> None:
+    path = gguf_file(type_name)
+    reference = {t.name: t for t in GGUFReader(path).tensors}
+    checkpoint = open_checkpoint(path)
+    seen = 0
+    for tensor in checkpoint.tensors():
+        ref = reference[tensor.gguf_name]
+        expected = dequantize(ref.data, ref.tensor_type).reshape(tensor.shape)
+        if tensor.permute is not None:
+            expected = expected[unpermute_order(tensor.shape[0], tensor.permute)]
+        assert tensor.ggml_type == ref.tensor_type
+        assert tensor.blocks().dtype == np.uint8
+        expected_t = torch.from_numpy(np.array(expected, dtype=np.float32))
+        torch.testing.assert_close(tensor.dequantize(), expected_t, atol=0, rtol=0)
+        seen += 1
+    assert seen == len(reference)
+
+
+def test_f32_file_gives_back_the_original_weights(gguf_file) -> None:
+    """Q/K order undone: the F32 file's tensors are the transformers model's, bit for bit."""
+    from safetensors.torch import load_file
+
+    path = gguf_file("F32")
+    original = load_file(str(path.parent / "hf" / "model.safetensors"))
+    for tensor in open_checkpoint(path).tensors():
+        torch.testing.assert_close(tensor.dequantize(), original[tensor.name], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_logits_and_greedy_equal_transformers_gguf(gguf_file, type_name: str) -> None:
+    path = gguf_file(type_name)
+    hf = hf_gguf_model(path)
+    tokens = random_tokens(24, SHAPE["vocab_size"], seed=5)
+    runner = make_runner(path)
+    with torch.no_grad():
+        theirs = hf(torch.tensor([tokens])).logits[0].float()
+    torch.testing.assert_close(full_logits(runner, tokens), theirs, atol=ATOL, rtol=0)
+    prompt = tokens[:7]
+    assert greedy(make_runner(path, block_size=8), prompt, 24) == hf_greedy(hf, prompt, 24)
+
+
+def worker_startup(path: Path) -> subprocess.CompletedProcess:
+    """`python -m worker --model PATH` until it refuses the model (no scheduler is needed)."""
+    cmd = [sys.executable, "-m", "worker", "--model", str(path), "--scheduler", "127.0.0.1:9"]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+
+
+def assert_one_line_refusal(result: subprocess.CompletedProcess, *words: str) -> None:
+    out = (result.stdout + result.stderr).strip()
+    assert result.returncode != 0, out
+    assert "Traceback" not in out, out
+    lines = [line for line in out.splitlines() if "ERROR" in line]
+    assert len(lines) == 1, out
+    for word in words:
+        assert word in lines[0], out
+
+
+def test_unsupported_type_is_one_line(tmp_path: Path) -> None:
+    from gguf import GGMLQuantizationType
+
+    path = write_llama_gguf(
+        tmp_path,
+        GGMLQuantizationType.Q8_0,
+        odd_one=("blk.1.ffn_up.weight", GGMLQuantizationType.Q2_K),
+    )
+    assert_one_line_refusal(worker_startup(path), "blk.1.ffn_up.weight", "Q2_K")
+
+
+def test_truncated_file_is_one_line(gguf_file, tmp_path: Path) -> None:
+    whole = gguf_file("Q8_0").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: len(whole) - 1000])
+    assert_one_line_refusal(worker_startup(cut), "truncated", str(cut))
