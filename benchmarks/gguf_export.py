@@ -1,6 +1,10 @@
 """Writes a Hugging Face Llama directory's safetensors weights as an F32 GGUF for llama.cpp.
 
-    .venv/bin/python benchmarks/gguf_export.py MODEL_DIR OUT.gguf
+    .venv/bin/python benchmarks/gguf_export.py MODEL_DIR OUT.gguf [TYPE]
+
+TYPE (default F32) may be Q8_0, Q4_0 or Q4_1: every 2-D weight whose rows hold whole blocks is
+then stored quantized by `gguf.quants.quantize` (the norms stay F32), as llama-quantize would
+store it; the tests serve such files (tests/worker/test_quant_model.py).
 
 Only for benchmarks: the peers script (benchmarks/peers.py) runs llama.cpp's `llama-server` on
 the very weights kvledger serves. The vocabulary is synthetic (same size, placeholder pieces):
@@ -55,8 +59,11 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{LAYER_NAMES[module]}.{parts[-1]}"
 
 
-def export(model_dir: Path, out: Path) -> None:
+def export(model_dir: Path, out: Path, qtype: str = "F32") -> None:
     import gguf
+    from gguf.quants import quantize
+
+    kind = gguf.GGMLQuantizationType[qtype]
 
     cfg = json.loads((model_dir / "config.json").read_text())
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -75,7 +82,9 @@ def export(model_dir: Path, out: Path) -> None:
     writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(float(cfg.get("rope_theta", 10000.0)))
     writer.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(
+        gguf.LlamaFileType.ALL_F32 if qtype == "F32" else gguf.LlamaFileType[f"MOSTLY_{qtype}"]
+    )
     writer.add_vocab_size(vocab)
     _synthetic_vocab(writer, vocab, cfg)
     tensors: dict[str, np.ndarray] = {}
@@ -87,7 +96,11 @@ def export(model_dir: Path, out: Path) -> None:
             array = rotate_half_to_interleaved(array, heads)
         elif name.endswith("k_proj.weight"):
             array = rotate_half_to_interleaved(array, kv_heads)
-        writer.add_tensor(gguf_name(name), np.ascontiguousarray(array))
+        array = np.ascontiguousarray(array)
+        if qtype != "F32" and array.ndim == 2 and array.shape[1] % 32 == 0:
+            writer.add_tensor(gguf_name(name), quantize(array, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(gguf_name(name), array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -114,4 +127,4 @@ def _synthetic_vocab(writer, vocab: int, cfg: dict) -> None:  # noqa: ANN001 - g
 
 
 if __name__ == "__main__":
-    export(Path(sys.argv[1]), Path(sys.argv[2]))
+    export(Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:4])

@@ -141,6 +141,7 @@ def runner_kwargs(settings: WorkerSettings) -> dict[str, Any]:
         seed=settings.seed,
         attention_backend=settings.attention_backend,
         fused_cpu_ops=settings.fused_cpu_ops,
+        quantization=settings.quantization,
         progress=settings.log_format == "text",  # a progress bar is no JSON line
     )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -78,7 +79,11 @@ def _read_safetensors(path: Path, name: str, source: Any) -> torch.Tensor:
         return f.get_tensor(name) if source is None else f.get_slice(name)[source]
 
 
-def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> None:
+def load_weights(
+    model: nn.Module, model_dir: Path, progress: bool = True, skip: AbstractSet[str] = frozenset()
+) -> None:
+    """`skip`: checkpoint names the model already holds in another form (a GGUF file's
+    quantized blocks, `worker/quant/keep.py`)."""
     params = dict(model.named_parameters())
     packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
     filled = dict.fromkeys(params, 0)
@@ -95,6 +100,7 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
             name.endswith(IGNORED_SUFFIXES)
             or name.startswith(ignored)
             or (tied and name == "lm_head.weight")
+            or ckpt_name in skip
         ):
             continue
         target, rows, shard = _target(name, packed, model)

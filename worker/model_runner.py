@@ -21,6 +21,7 @@ from worker.layers.linear import prepare_for_device
 from worker.loader import load_weights
 from worker.models import build_model
 from worker.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
+from worker.quant.select import check_quantization, keep_gguf_blocks
 from worker.sampler import NONFINITE_LOGITS, PromptLogprobs, Sample, Sampler, score_tokens
 
 log = logging.getLogger(__name__)
@@ -70,12 +71,15 @@ class ModelRunner:
         gpu_memory_utilization: float = 0.9,
         tp: TPGroup | None = None,
         fused_cpu_ops: bool = True,
+        quantization: str = "auto",
     ) -> None:
         self.tp = tp = tp or TPGroup()
         default_threads(tp.size if torch.device(device).type == "cpu" else 1)
         # Everything that can be refused is checked before any memory is taken.
         self.config = cfg = ModelConfig.from_dir(Path(model_path))
         check_tensor_parallel(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, tp.size)
+        # whether a GGUF file's blocks stay quantized in memory (worker/quant/select.py)
+        self.quantized = check_quantization(quantization, Path(model_path), device, tp.size)
         self.dtype = resolve_dtype(dtype, cfg)
         self.device = torch.device(device)
         if block_size < 1:
@@ -99,7 +103,8 @@ class ModelRunner:
         )
 
         self.model = build_model(cfg, self.backend, self.max_model_len, self.dtype, self.device, tp)
-        load_weights(self.model, Path(model_path), progress=progress)
+        held = keep_gguf_blocks(self.model, Path(model_path)) if self.quantized else set()
+        load_weights(self.model, Path(model_path), progress=progress, skip=held)
         ops = _native_ops(fused_cpu_ops, self.device)
         prepare_for_device(self.model, self.device, ops)
         if size_from_gpu:  # what the weights left of the utilization budget goes to KV

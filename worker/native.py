@@ -57,10 +57,10 @@ def build_name() -> str:
     return f"kvledger_cpu_ops_{digest.hexdigest()[:12]}"
 
 
-def _build_dir() -> Path:
+def _build_dir(name: str | None = None) -> Path:
     from kvledger.models import cache_dir
 
-    path = cache_dir() / "torch_extensions" / build_name()
+    path = cache_dir() / "torch_extensions" / (name or build_name())
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -91,15 +91,21 @@ def _prebuilt(name: str | None = None) -> ModuleType | None:
 
 
 def _build() -> ModuleType | str:
+    # fast math lets GCC vectorize expf (glibc libmvec) and the dot products' sums
+    return build_extension(build_name(), SOURCES, ["-O3", "-march=native", "-ffast-math"])
+
+
+def build_extension(name: str, sources: list[Path], flags: list[str]) -> ModuleType | str:
+    """Builds (once, under a lock) and loads the extension `name` from `sources`, or returns
+    a one-line reason it could not be built. OpenMP is added where torch has it."""
     from torch.utils import cpp_extension
 
-    # fast math lets GCC vectorize expf (glibc libmvec) and the dot products' sums
-    flags = ["-O3", "-march=native", "-ffast-math"]
+    flags = list(flags)
     if torch.backends.openmp.is_available():
         flags.append("-fopenmp")  # at::parallel_for runs serially unless OpenMP is on here too
-    log.info("loading the compiled CPU kernels (built once per machine: ~30-60 s)")
+    log.info("loading the compiled CPU kernels %s (built once per machine: ~30-60 s)", name)
     try:
-        build_dir = _build_dir()
+        build_dir = _build_dir(name)
         # torch's own build lock is a file that a builder killed mid-build (a worker stopped
         # during startup) leaves behind, and every later build would wait on it forever. An
         # flock dies with its holder: whoever holds it is the only builder, so any torch lock
@@ -108,8 +114,8 @@ def _build() -> ModuleType | str:
             fcntl.flock(held, fcntl.LOCK_EX)
             (build_dir / "lock").unlink(missing_ok=True)
             return cpp_extension.load(
-                name=build_name(),
-                sources=[str(path) for path in SOURCES],
+                name=name,
+                sources=[str(path) for path in sources],
                 extra_cflags=flags,
                 build_directory=str(build_dir),
                 verbose=False,

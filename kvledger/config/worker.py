@@ -24,6 +24,8 @@ from kvledger.options import option
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # worker/attention/__init__.py: get_backend
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash_attn")
+# worker/quant/select.py: what a GGUF file's quantized weights become in memory
+QUANTIZATIONS = ("auto", "gguf", "none")
 # The KV budget on CPU when --kv-cache-memory-bytes is not given.
 CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
 
@@ -73,6 +75,14 @@ class WorkerSettings(
         "on CPU, run the decoder's RMSNorm (with its residual add), RoPE, SiLU-and-mul and "
         "the greedy argmax as compiled kernels (built once per machine, with "
         "--attention-backend cpu's); --no-fused-cpu-ops runs them as torch ops",
+    )
+    quantization: str = option(
+        "auto",
+        "a GGUF file's Q8_0/Q4_0/Q4_1 weights: gguf keeps their blocks in memory and multiplies "
+        "with compiled CPU kernels (logits within 1e-3 of the dequantized model, ~1/4-1/7 of "
+        "the float32 memory; CPU and -tp 1 only); none dequantizes every weight to --dtype; "
+        "auto (the default): gguf where it can run, else none",
+        choices=QUANTIZATIONS,
     )
     seed: int = option(0, "base random seed")
     worker_id: str | None = option(None, "name of this worker (default: host-pid)")

@@ -1,0 +1,130 @@
+// The torch face of the quantized kernels: the `kvledger_quant` operators, the choice of
+// instruction set at run time, and the split of output rows across torch's threads.
+//
+//   kvledger_quant::linear(x [..., in] float, blocks uint8 [out, in / 32 * block bytes],
+//                          ggml_type, in_features, isa) -> y [..., out] in x's dtype
+//   kvledger_quant::dequantize(blocks, ggml_type, in_features, ids?) -> float32 rows
+//
+// isa: 0 = the best this CPU runs (AVX-512, else AVX2, else scalar), 1 = scalar, 2 = AVX2,
+// 3 = AVX-512; naming one the CPU lacks is an error (the tests force each path this way).
+// Activations are float32 and every product is a float FMA of the exactly dequantized weight:
+// the result equals `x @ dequantize(blocks).T` up to the order of the sums.
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include "blocks.h"
+
+namespace kvledger::quant {
+namespace {
+
+enum Isa : int64_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
+
+// A thread's share must hold at least this many multiply-adds: waking the pool for less costs
+// more than it saves (a 256x256 product at one row stays on the calling thread).
+constexpr int64_t kMinWorkPerTask = 1 << 16;
+
+bool cpu_has(int64_t isa) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  switch (isa) {
+    case kScalar: return true;
+    case kAvx2: return avx2;
+    case kAvx512:
+      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl");
+    default: return false;
+  }
+#else
+  return isa == kScalar;
+#endif
+}
+
+int64_t best_isa() {
+  static const int64_t best = cpu_has(kAvx512) ? kAvx512 : cpu_has(kAvx2) ? kAvx2 : kScalar;
+  return best;
+}
+
+LinearKernel kernel_for(int64_t isa) {
+  if (isa == kAuto) isa = best_isa();
+  TORCH_CHECK(isa >= kScalar && isa <= kAvx512, "quantized linear: unknown isa ", isa);
+  TORCH_CHECK(cpu_has(isa), "quantized linear: this CPU cannot run isa ", isa);
+#if defined(__x86_64__)
+  if (isa == kAvx512) return &linear_avx512;
+  if (isa == kAvx2) return &linear_avx2;
+#endif
+  return &linear_scalar;
+}
+
+void check_blocks(const at::Tensor& blocks, int64_t type, int64_t in) {
+  const int bytes = block_bytes(static_cast<int>(type));
+  TORCH_CHECK(bytes > 0, "quantized linear: ggml type ", type, " is not Q8_0, Q4_0 or Q4_1");
+  TORCH_CHECK(in > 0 && in % kBlock == 0, "quantized linear: in_features ", in,
+              " is not a positive multiple of ", kBlock);
+  TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == at::kByte && blocks.dim() == 2 &&
+                  blocks.is_contiguous(),
+              "quantized linear: blocks must be a contiguous CPU uint8 tensor [out, bytes]");
+  TORCH_CHECK(blocks.size(1) == in / kBlock * bytes, "quantized linear: rows of ",
+              blocks.size(1), " bytes do not hold ", in, " values of type ", type);
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t in,
+                  int64_t isa) {
+  check_blocks(blocks, type, in);
+  TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
+              in, "]");
+  const LinearKernel kernel = kernel_for(isa);
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const int64_t out = blocks.size(0), rows = in ? xf.numel() / in : 0;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out;
+  at::Tensor y = at::empty(shape, xf.options());
+  if (rows == 0 || out == 0) return y.to(x.scalar_type());
+  const LinearArgs args{static_cast<int>(type), blocks.data_ptr<uint8_t>(), blocks.size(1), in,
+                        xf.data_ptr<float>(), in, rows, y.data_ptr<float>(), out};
+  const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows));
+  at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+at::Tensor dequantize(const at::Tensor& blocks, int64_t type, int64_t in,
+                      const std::optional<at::Tensor>& ids) {
+  check_blocks(blocks, type, in);
+  const int64_t total = blocks.size(0);
+  at::Tensor idx = ids.has_value() ? ids->to(at::kLong).contiguous()
+                                   : at::arange(total, blocks.options().dtype(at::kLong));
+  const int64_t n = idx.numel();
+  const int64_t* id = idx.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(id[i] >= 0 && id[i] < total, "dequantize: row ", id[i], " out of range");
+  std::vector<int64_t> shape(idx.sizes().begin(), idx.sizes().end());
+  shape.push_back(in);
+  at::Tensor out = at::empty(shape, blocks.options().dtype(at::kFloat));
+  const uint8_t* src = blocks.data_ptr<uint8_t>();
+  float* dst = out.data_ptr<float>();
+  const int64_t row_bytes = blocks.size(1);
+  at::parallel_for(0, n, std::max<int64_t>(1, kMinWorkPerTask / in), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      dequantize_row(static_cast<int>(type), src + id[i] * row_bytes, in, dst + i * in);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(kvledger_quant, m) {
+  m.def("linear(Tensor x, Tensor blocks, int ggml_type, int in_features, int isa=0) -> Tensor");
+  m.def("dequantize(Tensor blocks, int ggml_type, int in_features, Tensor? ids=None) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(kvledger_quant, CPU, m) {
+  m.impl("linear", &linear);
+  m.impl("dequantize", &dequantize);
+}
+
+}  // namespace kvledger::quant
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("best_isa", &kvledger::quant::best_isa, "the isa the operators use when given 0");
+  m.def("cpu_has", &kvledger::quant::cpu_has, "whether this CPU runs the given isa");
+}

@@ -1,0 +1,155 @@
+"""Swaps a freshly built model's linear layers for `QuantizedLinear`s over a GGUF file's blocks.
+
+`keep_quantized` runs before the loader: every plain linear layer (and the token embedding
+and LM head) whose checkpoint tensors are all Q8_0, Q4_0 or Q4_1 of one type gets the file's
+blocks, copied as they are, and the names it took are returned for the loader to skip. A packed
+layer (q/k/v, gate/up) takes its shards' blocks stacked in its row order; one whose shards
+differ in type, and every tensor of another type (F32 norms, K-quants), is left to the loader,
+which dequantizes it as before. Tensor-parallel layers are never swapped: their column shards
+(row-parallel o/down) would cut blocks apart, so the model runner refuses quantized + TP > 1.
+
+The float layers' `torch.empty` weights were never written, so dropping them frees only
+address space: the worker's resident memory holds the blocks, not a float copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from worker.layers.embedding import Embedding, LMHead
+from worker.layers.linear import Linear, PackedLinear
+from worker.quant.formats import BLOCK_VALUES, FORMATS
+from worker.quant.layers import QuantizedEmbedding, QuantizedLinear
+
+log = logging.getLogger(__name__)
+
+
+class BlockTensor(Protocol):
+    """What `worker/gguf/` hands out per tensor (`GGUFTensor`)."""
+
+    name: str
+    ggml_type: Any  # an int-like gguf.GGMLQuantizationType
+    shape: tuple[int, ...]
+
+    def blocks(self) -> np.ndarray: ...
+
+
+def keep_quantized(
+    model: nn.Module, tensors: Iterable[BlockTensor], release: Any = None
+) -> set[str]:
+    """Swap what can run on blocks; returns the checkpoint names now held (for the loader to
+    skip). `release(tensor)`, if given, is called once a tensor's blocks are copied."""
+    groups = _groups(model, [t for t in tensors if t.name.endswith(".weight")])
+    held: set[str] = set()
+    for module_name, shards in groups.items():
+        try:
+            module = model.get_submodule(module_name)
+        except AttributeError:
+            continue  # the loader reports a tensor the model does not know
+        new = _quantized(module, shards)
+        if new is None:
+            continue
+        _replace(model, module_name, new)
+        if isinstance(new, QuantizedEmbedding):
+            _retie(model, module, new)
+        for tensor in shards.values():
+            held.add(tensor.name)
+            if release is not None:
+                release(tensor)
+    kinds = sorted({FORMATS[int(t)].name for t in _types(model)})
+    log.info("kept %d weights as quantized blocks (%s)", len(held), ", ".join(kinds) or "none")
+    return held
+
+
+def _groups(
+    model: nn.Module, tensors: list[BlockTensor]
+) -> dict[str, dict[str | None, BlockTensor]]:
+    """module name -> {shard name (None: unpacked): its checkpoint tensor}."""
+    packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
+    groups: dict[str, dict[str | None, BlockTensor]] = {}
+    for tensor in tensors:
+        module_name, shard = tensor.name.rsplit(".", 1)[0], None
+        for ckpt_module, (ours, shard_name) in packed.items():
+            marker = f".{ckpt_module}."
+            if marker in tensor.name:
+                module_name = tensor.name.replace(marker, f".{ours}.").rsplit(".", 1)[0]
+                shard = shard_name
+                break
+        groups.setdefault(module_name, {})[shard] = tensor
+    return groups
+
+
+def _quantized(module: nn.Module, shards: dict[str | None, BlockTensor]) -> nn.Module | None:
+    """The quantized replacement of `module`, or None where it keeps its float weight."""
+    types = {int(t.ggml_type) for t in shards.values()}
+    if len(types) != 1 or next(iter(types)) not in FORMATS:
+        return None
+    ggml_type = types.pop()
+    kind = type(module)  # exactly the single-process layers: never a tensor-parallel subclass
+    if kind is PackedLinear:
+        assert isinstance(module, PackedLinear)
+        if set(shards) != set(module.shards):
+            return None
+        blocks = _stack(module, shards, module.weight.shape[1], ggml_type)
+        bias = None if module.bias is None else module.bias.data
+        return QuantizedLinear(module.weight.shape[1], blocks, ggml_type, bias, module.shard_sizes)
+    if None not in shards or len(shards) != 1:
+        return None
+    tensor = shards[None]
+    if kind is Linear or (kind is LMHead and not module.tied):
+        out_f, in_f = module.weight.shape
+        bias = None if getattr(module, "bias", None) is None else module.bias.data
+        if tuple(tensor.shape) != (out_f, in_f) or in_f % BLOCK_VALUES:
+            return None
+        return QuantizedLinear(in_f, _copy(tensor), ggml_type, bias)
+    if kind is Embedding:
+        rows, dim = module.weight.shape
+        if tuple(tensor.shape) != (rows, dim) or dim % BLOCK_VALUES:
+            return None
+        return QuantizedEmbedding(dim, _copy(tensor), ggml_type, module.weight.dtype)
+    return None
+
+
+def _stack(
+    module: PackedLinear, shards: dict[str | None, BlockTensor], in_f: int, ggml_type: int
+) -> torch.Tensor:
+    out = torch.empty(module.weight.shape[0], FORMATS[ggml_type].row_bytes(in_f), dtype=torch.uint8)
+    for shard, tensor in shards.items():
+        assert shard is not None
+        rows = module.shards[shard]
+        if tuple(tensor.shape) != (rows.stop - rows.start, in_f):
+            raise ValueError(f"{tensor.name} has shape {tuple(tensor.shape)}, expected rows {rows}")
+        out[rows].numpy()[:] = tensor.blocks()
+    return out
+
+
+def _copy(tensor: BlockTensor) -> torch.Tensor:
+    """The blocks in memory of our own (not a view into the mapped file)."""
+    source = tensor.blocks()
+    out = torch.empty(source.shape, dtype=torch.uint8)
+    out.numpy()[:] = source
+    return out
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+def _retie(model: nn.Module, old: nn.Module, embed: QuantizedEmbedding) -> None:
+    """A head tied to the replaced embedding now reads the same blocks."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LMHead) and module.tied and module.weight is old.weight:
+            _replace(model, name, embed.tied_head())
+
+
+def _types(model: nn.Module) -> set[int]:
+    return {
+        m.ggml_type for m in model.modules() if isinstance(m, QuantizedLinear | QuantizedEmbedding)
+    }

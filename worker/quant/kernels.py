@@ -1,0 +1,91 @@
+"""Builds and loads the quantized linear kernels (`worker/csrc/quant/`), once per machine.
+
+They form their own extension, built without `-march=native`: each instruction-set path
+(AVX-512, AVX2, scalar) is compiled with a function-level target and chosen at run time from
+the CPU's flags, so one build serves every x86-64 CPU. Loading it registers the operators
+`torch.ops.kvledger_quant.linear` and `.dequantize` (the module's docstring in
+`worker/csrc/quant/linear.cpp` states their contract).
+
+`KVLEDGER_QUANT_ISA` (auto, scalar, avx2, avx512) forces a path; the tests use the `isa`
+argument to cover each path the CPU can run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from worker import native
+
+CSRC = Path(__file__).parent.parent / "csrc" / "quant"
+SOURCES = [CSRC / name for name in ("linear.cpp", "scalar.cpp", "avx2.cpp", "avx512.cpp")]
+HEADERS = [CSRC / "blocks.h"]
+ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
+ISA_ENV = "KVLEDGER_QUANT_ISA"
+_lock = threading.Lock()
+_loaded: dict[str, ModuleType | str] = {}
+
+
+def build_name() -> str:
+    """A digest of the sources and torch's version: not of the CPU, the build is portable."""
+    digest = hashlib.sha256(torch.__version__.encode())
+    for path in (*SOURCES, *HEADERS):
+        digest.update(path.read_bytes())
+    return f"kvledger_quant_ops_{digest.hexdigest()[:12]}"
+
+
+def load() -> ModuleType | str:
+    """The compiled module (its operators registered), or why it could not be built."""
+    with _lock:
+        if "module" not in _loaded:
+            module = native.build_extension(
+                build_name(), SOURCES, ["-O3", "-ffast-math", "-fno-finite-math-only"]
+            )
+            if not isinstance(module, str):
+                _register_fakes()
+            _loaded["module"] = module
+        return _loaded["module"]
+
+
+def require() -> ModuleType:
+    """The module, or a RuntimeError saying why there is none (quantized weights need it)."""
+    module = load()
+    if isinstance(module, str):
+        raise RuntimeError(f"quantized weights need the compiled kernels: {module}")
+    return module
+
+
+def isa_from_env() -> int:
+    name = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
+    if name not in ISAS:
+        raise ValueError(f"{ISA_ENV}={name!r}: expected one of {', '.join(ISAS)}")
+    return ISAS[name]
+
+
+def available_isas() -> list[str]:
+    """The paths this CPU runs, best last."""
+    module = require()
+    return [name for name, code in ISAS.items() if code and module.cpu_has(code)]
+
+
+def _register_fakes() -> None:
+    """Shapes without computing, for torch.compile and meta tensors."""
+
+    def linear(
+        x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, in_features: int, isa: int = 0
+    ) -> torch.Tensor:
+        return x.new_empty(*x.shape[:-1], blocks.shape[0])
+
+    def dequantize(
+        blocks: torch.Tensor, ggml_type: int, in_features: int, ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        rows = (blocks.shape[0],) if ids is None else tuple(ids.shape)
+        return blocks.new_empty(*rows, in_features, dtype=torch.float32)
+
+    torch.library.register_fake("kvledger_quant::linear", linear)
+    torch.library.register_fake("kvledger_quant::dequantize", dequantize)

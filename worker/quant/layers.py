@@ -1,0 +1,110 @@
+"""Layers that hold a weight as GGUF blocks and multiply by it without a float copy.
+
+`QuantizedLinear` keeps the raw blocks as a uint8 buffer [out_features, bytes_per_row] and
+its ggml type; `forward` is `torch.ops.kvledger_quant.linear`, which dequantizes each block in
+registers and multiplies it in float32 (`worker/csrc/quant/`): the output equals `x @ W.T` of
+the dequantized weight up to the order of the sums. It answers the same calls as the float
+layers it replaces (`PackedLinear.split` included), so the forward pass does not change.
+
+`QuantizedEmbedding` looks token ids up by dequantizing just their rows; a tied LM head is a
+`QuantizedLinear` over the same buffer (one copy of the blocks serves both).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from worker.quant import kernels
+from worker.quant.formats import format_of
+
+
+def _check_blocks(blocks: torch.Tensor, ggml_type: int, in_features: int) -> None:
+    fmt = format_of(ggml_type)
+    want = fmt.row_bytes(in_features)
+    if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != want:
+        raise ValueError(
+            f"{fmt.name} blocks for {in_features} inputs must be uint8 [out, {want}], "
+            f"got {blocks.dtype} {tuple(blocks.shape)}"
+        )
+
+
+class QuantizedLinear(nn.Module):
+    """y = x @ W.T (+ bias) with W kept as `ggml_type` blocks (Q8_0, Q4_0 or Q4_1).
+
+    `shard_sizes` (optional) names consecutive row ranges, as `PackedLinear`'s (q/k/v,
+    gate/up), for `split`. `isa` forces a kernel path (`kernels.ISAS`); by default the
+    `KVLEDGER_QUANT_ISA` environment variable, else the best this CPU runs.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        blocks: torch.Tensor,
+        ggml_type: int,
+        bias: torch.Tensor | None = None,
+        shard_sizes: dict[str, int] | None = None,
+        isa: str | None = None,
+    ) -> None:
+        super().__init__()
+        _check_blocks(blocks, ggml_type, in_features)
+        kernels.require()  # registers the operator; refuses now rather than mid-forward
+        self.in_features = in_features
+        self.out_features = blocks.shape[0]
+        self.ggml_type = int(ggml_type)
+        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        if shard_sizes is not None:  # as PackedLinear's: the loader fills a bias shard by shard
+            self.shard_sizes = dict(shard_sizes)
+            self.shards: dict[str, slice] = {}
+            start = 0
+            for name, size in shard_sizes.items():
+                self.shards[name] = slice(start, start + size)
+                start += size
+            if start != self.out_features:
+                raise ValueError(f"shards {shard_sizes} do not cover {self.out_features} rows")
+        self.isa = kernels.ISAS[isa] if isa is not None else kernels.isa_from_env()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.kvledger_quant.linear(
+            x, self.blocks, self.ggml_type, self.in_features, self.isa
+        )
+        return y if self.bias is None else y + self.bias
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A packed layer's output per shard (as `PackedLinear.split`)."""
+        return y.split(list(self.shard_sizes.values()), dim=-1)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight as float32 [out, in] (for tests and comparisons, not the forward)."""
+        return torch.ops.kvledger_quant.dequantize(self.blocks, self.ggml_type, self.in_features)
+
+    def extra_repr(self) -> str:
+        name = format_of(self.ggml_type).name
+        return (
+            f"in={self.in_features}, out={self.out_features}, {name}, bias={self.bias is not None}"
+        )
+
+
+class QuantizedEmbedding(nn.Module):
+    """Token embedding over `ggml_type` blocks [vocab, bytes_per_row]: each lookup dequantizes
+    only the rows asked for (exactly, as `gguf.quants.dequantize` does), in `dtype`."""
+
+    def __init__(
+        self, dim: int, blocks: torch.Tensor, ggml_type: int, dtype: torch.dtype = torch.float32
+    ) -> None:
+        super().__init__()
+        _check_blocks(blocks, ggml_type, dim)
+        kernels.require()
+        self.dim = dim
+        self.ggml_type = int(ggml_type)
+        self.dtype = dtype
+        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = torch.ops.kvledger_quant.dequantize(self.blocks, self.ggml_type, self.dim, ids)
+        return rows if self.dtype == torch.float32 else rows.to(self.dtype)
+
+    def tied_head(self, isa: str | None = None) -> QuantizedLinear:
+        """The LM head that shares this embedding's blocks (no second copy)."""
+        return QuantizedLinear(self.dim, self.blocks, self.ggml_type, isa=isa)
