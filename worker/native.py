@@ -69,16 +69,15 @@ def load() -> ModuleType | str:
     """The compiled module, or a one-line reason it could not be built (cached either way)."""
     with _lock:
         if "module" not in _loaded:
-            _loaded["module"] = _prebuilt() or _build()
+            _loaded["module"] = _build()
         return _loaded["module"]
 
 
-def _prebuilt(name: str | None = None) -> ModuleType | None:
+def _prebuilt(name: str) -> ModuleType | None:
     """The module `name` (a digest name) built into the image, if there is one."""
     root = os.environ.get("KVLEDGER_PREBUILT_KERNELS")
     if not root:
         return None
-    name = name or build_name()
     path = Path(root) / name / f"{name}.so"
     if not path.is_file():
         log.info("no prebuilt CPU kernels for this CPU and source in %s", root)
@@ -97,8 +96,13 @@ def _build() -> ModuleType | str:
 
 def build_extension(name: str, sources: list[Path], flags: list[str]) -> ModuleType | str:
     """Builds (once, under a lock) and loads the extension `name` from `sources`, or returns
-    a one-line reason it could not be built. OpenMP is added where torch has it."""
+    a one-line reason it could not be built. OpenMP is added where torch has it. A build of
+    the same name found under KVLEDGER_PREBUILT_KERNELS (an image's) is loaded instead."""
     from torch.utils import cpp_extension
+
+    prebuilt = _prebuilt(name)
+    if prebuilt is not None:
+        return prebuilt
 
     flags = list(flags)
     if torch.backends.openmp.is_available():

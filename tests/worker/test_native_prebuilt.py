@@ -20,7 +20,9 @@ def test_the_prebuilt_module_of_this_digest_is_imported_without_a_build(tmp_path
     shutil.copy(built.__file__, tmp_path / name / f"{name}.so")
     # A fresh process: this one already holds an extension module of that name.
     probe = (
-        "from worker import native; native._build = lambda: 'built instead of imported'; "
+        "import torch.utils.cpp_extension as ext; from worker import native\n"
+        "def refuse(**_): raise RuntimeError('built instead of imported')\n"
+        "ext.load = refuse\n"
         "m = native.load(); print(m if isinstance(m, str) else m.__file__, m.paged_decode)"
     )
     env = dict(os.environ, KVLEDGER_PREBUILT_KERNELS=str(tmp_path))
@@ -36,9 +38,9 @@ def test_a_module_of_another_digest_is_never_loaded(tmp_path, monkeypatch):
     stale.mkdir()
     (stale / f"{stale.name}.so").write_bytes(b"not a module")
     monkeypatch.setenv("KVLEDGER_PREBUILT_KERNELS", str(tmp_path))
-    assert native._prebuilt() is None
+    assert native._prebuilt(native.build_name()) is None
 
 
 def test_without_the_variable_nothing_is_looked_up(monkeypatch):
     monkeypatch.delenv("KVLEDGER_PREBUILT_KERNELS", raising=False)
-    assert native._prebuilt() is None
+    assert native._prebuilt(native.build_name()) is None
