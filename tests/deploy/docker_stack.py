@@ -67,6 +67,10 @@ def docker(*args: str, timeout: float = 60) -> str:
     return proc.stdout
 
 
+# The suite's fast model; the images' default is the real one (smollm2-135m-instruct).
+MODEL = "tiny-llama"
+
+
 @dataclass
 class Stack:
     """One compose project of docker-compose.yml, its published ports on this host's loopback."""
@@ -89,6 +93,8 @@ class Stack:
             KVLEDGER_IMAGE_TAG=IMAGE_TAG,
             KVLEDGER_HTTP_PUBLISH=f"127.0.0.1:{self.http_port}",
             KVLEDGER_PROMETHEUS_PORT=str(self.prometheus_port),
+            KVLEDGER_WORKER_MODEL=MODEL,
+            KVLEDGER_WORKER_MODEL_NAME=MODEL,
         )
 
     @property

@@ -28,6 +28,7 @@ from tests.deploy.docker_stack import (
     BUILD_TIMEOUT,
     CPU_WORKERS,
     IMAGE_TAG,
+    MODEL,
     Stack,
     docker,
     ensure_engine,
@@ -38,7 +39,6 @@ from tests.deploy.tools import REPO
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(BUILD_TIMEOUT + 900)]
 
-MODEL = "tiny-llama"
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 STREAMS = 16
 MAX_TOKENS = 192
