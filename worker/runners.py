@@ -55,6 +55,7 @@ def load_runner(
     seed: int = 0,
     attention_backend: str = "torch",
     fused_cpu_ops: bool = True,
+    cuda_graph_max_batch: int = 0,
     progress: bool = True,
     tp: TPGroup | None = None,
 ) -> ModelRunner | EmbeddingRunner:
@@ -85,6 +86,7 @@ def load_runner(
         seed=seed,
         attention_backend=attention_backend,
         fused_cpu_ops=fused_cpu_ops,
+        cuda_graph_max_batch=cuda_graph_max_batch,
         progress=progress,
         tp=tp,
     )

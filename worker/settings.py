@@ -42,7 +42,11 @@ class WorkerSettings(
     served_model_name: str | None = option(
         None, "name clients use for the model (default: derived)"
     )
-    block_size: int = option(16, "tokens per KV block")
+    block_size: int | None = option(
+        None,
+        "tokens per KV block (default: 256 on CUDA where flash-attn runs, the multiple of 256 "
+        "its paged kernel needs; else 16)",
+    )
     num_kv_blocks: int | None = option(
         None, "fixed number of KV blocks (overrides the memory budget)"
     )
@@ -53,7 +57,11 @@ class WorkerSettings(
     )
     gpu_memory_utilization: float = option(0.9, "fraction of GPU memory for weights and KV")
     max_model_len: int | None = option(None, "context length (default: the model's)")
-    dtype: str = option("float32", "weight and activation dtype", choices=DTYPES)
+    dtype: str | None = option(
+        None,
+        "weight and activation dtype (default: bfloat16 on CUDA, float32 on CPU)",
+        choices=DTYPES,
+    )
     device: str = option("cpu", "torch device")
     attention_backend: str = option(
         "auto",
@@ -67,6 +75,12 @@ class WorkerSettings(
         "the greedy argmax as compiled kernels (built once per machine, with "
         "--attention-backend cpu's); --no-fused-cpu-ops runs them as torch ops",
     )
+    cuda_graphs: bool = option(
+        True,
+        "on CUDA with flash-attn, run decode-only steps as CUDA graphs captured at start, one "
+        "per batch-size bucket up to --cuda-graph-max-batch (--no-cuda-graphs: eager)",
+    )
+    cuda_graph_max_batch: int = option(64, "the largest decode batch run as a CUDA graph")
     seed: int = option(0, "base random seed")
     worker_id: str | None = option(None, "name of this worker (default: host-pid)")
     tensor_parallel_size: int = option(
