@@ -130,12 +130,15 @@ flash_attn_2_cuda.__file__)"
 smol_dir() { "$PY" -c "from benchmarks.peers import model_dir; print(model_dir('smol'))"; }
 
 forward() {  # MODEL GRAPH_MAX_BATCH
+  set -o pipefail
+  [ -n "$1" ] || { echo "no model"; return 2; }
   "$PY" benchmarks/worker_forward.py --model "$1" --cuda-graph-max-batch "$2" --device "$DEVICE" \
     --dtypes "$DTYPE" --batch-sizes 1,16 --block-size "$BLOCK" --prompt-len 128 \
     --context-len "$CTX" --repeats "$REPEATS" | tee -a "$BENCH"
 }
 
 peers() {  # SIZE
+  set -o pipefail
   echo "--- peers $1 ($DEVICE, $DTYPE)" >>"$BENCH"
   "$PY" benchmarks/peers.py --size "$1" --engines kvledger,transformers --device "$DEVICE" \
     --dtype "$DTYPE" --requests "$REQS" --c1-requests "$C1" --max-tokens "$TOKENS" \
@@ -181,14 +184,14 @@ fi
 grep -h "flash-attn build:" "$LOG" >>"$SUM"
 stage tests-cuda 170 "$PY" -m pytest -q -rA -p no:cacheprovider --timeout 150 \
   tests/worker/test_cuda.py tests/worker/test_cuda_graphs.py
-SMOL=$(timeout 90 bash -c smol_dir 2>>"$LOG")
+SMOL=$(timeout 120 bash -c smol_dir 2>>"$LOG" | tail -1)
 say "SmolLM2-shaped random model: ${SMOL:-not generated}"
 stage forward-smol-graphs 100 forward "$SMOL" 64
 stage peers-smol 150 peers smol
 stage forward-smol-eager 60 forward "$SMOL" 0
 stage tests-e2e-cuda 150 "$PY" -m pytest -q -rA -p no:cacheprovider --timeout 140 \
   tests/e2e/test_consistency.py -k "cuda or flash"
-stage serve-defaults 60 serve_defaults
+stage serve-defaults 90 serve_defaults
 stage forward-tiny-graphs 60 forward tiny-llama 64
 stage peers-tiny 90 peers tiny
 
