@@ -38,7 +38,7 @@ FA=/tmp/fa/flash_attn-2.8.3
 if [ "$DRY" = 1 ]; then
   DEVICE=cpu DTYPE=float32 BLOCK=16 REQS=4 C1=1 TOKENS=8 REPEATS=2 CTX=40
 else
-  DEVICE=cuda DTYPE=bfloat16 BLOCK=256 REQS=48 C1=4 TOKENS=128 REPEATS=30 CTX=512
+  DEVICE=cuda DTYPE=bfloat16 BLOCK=256 REQS=32 C1=4 TOKENS=128 REPEATS=30 CTX=512
 fi
 
 say() { echo "$*" | tee -a "$SUM" >>"$LOG"; }
@@ -188,9 +188,9 @@ SMOL=$(timeout 120 bash -c smol_dir 2>>"$LOG" | tail -1)
 say "SmolLM2-shaped random model: ${SMOL:-not generated}"
 stage forward-smol-graphs 100 forward "$SMOL" 64
 stage peers-smol 150 peers smol
-stage forward-smol-eager 60 forward "$SMOL" 0
 stage tests-e2e-cuda 150 "$PY" -m pytest -q -rA -p no:cacheprovider --timeout 140 \
   tests/e2e/test_consistency.py -k "cuda or flash"
+stage forward-smol-eager 60 forward "$SMOL" 0
 stage serve-defaults 90 serve_defaults
 stage forward-tiny-graphs 60 forward tiny-llama 64
 stage peers-tiny 90 peers tiny
