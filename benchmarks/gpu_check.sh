@@ -182,8 +182,9 @@ else
   export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 fi
 grep -h "flash-attn build:" "$LOG" >>"$SUM"
+# GPU_CHECK_TESTS="-k expr" narrows the CUDA tests (a rerun)
 stage tests-cuda 170 "$PY" -m pytest -q -rA -p no:cacheprovider --timeout 150 \
-  tests/worker/test_cuda.py tests/worker/test_cuda_graphs.py
+  tests/worker/test_cuda.py tests/worker/test_cuda_graphs.py ${GPU_CHECK_TESTS:-}
 SMOL=$(timeout 120 bash -c smol_dir 2>>"$LOG" | tail -1)
 say "SmolLM2-shaped random model: ${SMOL:-not generated}"
 stage forward-smol-graphs 100 forward "$SMOL" 64
