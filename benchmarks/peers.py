@@ -41,6 +41,15 @@ SIZES = {
     "300m": TinyLlamaRecipe(
         hidden_size=1024, intermediate_size=2816, num_layers=16, num_heads=16, num_kv_heads=4
     ),
+    # SmolLM2-135M's shape (random weights, head untied): 30 layers, 9/3 heads of 64
+    "smol": TinyLlamaRecipe(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        vocab_size=49152,
+    ),
 }
 
 
@@ -111,10 +120,13 @@ def _llama_cpp_greedy(url: str, wl: Workload, n: int = 16) -> list[list[int]]:
     return out
 
 
-def run_transformers(model: Path, wl: Workload, c1: Workload, threads: int) -> dict:
+def run_transformers(
+    model: Path, wl: Workload, c1: Workload, threads: int, device: str, dtype: str
+) -> dict:
     """In a child process, so its peak memory is its own."""
     argv = [sys.executable, str(Path(__file__).resolve().parent / "static_batches.py")]
     argv += [str(model), json.dumps(vars_of(wl)), json.dumps(vars_of(c1)), str(threads)]
+    argv += [device, dtype]
     reply = subprocess.run(argv, capture_output=True, text=True, check=True)
     return json.loads(reply.stdout.strip().splitlines()[-1])
 
@@ -136,6 +148,12 @@ def main() -> None:
     ap.add_argument(
         "--serve-args", default="", help="more flags for `kvledger serve` (its defaults without)"
     )
+    ap.add_argument("--device", default="cpu", help="kvledger's and transformers' (cuda)")
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        help="transformers' dtype, and kvledger's unless --serve-args gives --dtype",
+    )
     args = ap.parse_args()
     wl = Workload(num_requests=args.requests, max_tokens=args.max_tokens)
     c1 = Workload(num_requests=args.c1_requests, max_tokens=args.max_tokens)
@@ -144,7 +162,10 @@ def main() -> None:
     engines = args.engines.split(",")
     report: dict[str, dict] = {}
     if "kvledger" in engines:
-        report["kvledger"] = run_kvledger(model, args.size, runs, args.threads, args.serve_args)
+        serve_args = f"--device {args.device} {args.serve_args}"
+        if "--dtype" not in args.serve_args:
+            serve_args += f" --dtype {args.dtype}"
+        report["kvledger"] = run_kvledger(model, args.size, runs, args.threads, serve_args)
     if "llama.cpp" in engines:
         if args.llama_server and Path(args.llama_server).exists():
             gguf = gguf_of(model, args.size)
@@ -155,7 +176,9 @@ def main() -> None:
                 file=sys.stderr,
             )
     if "transformers" in engines:
-        report["transformers"] = run_transformers(model, wl, c1, args.threads)
+        report["transformers"] = run_transformers(
+            model, wl, c1, args.threads, args.device, args.dtype
+        )
     print_table(report, args, model)
     if args.json:
         Path(args.json).write_text(json.dumps(report, default=lambda o: o.row(), indent=2))
@@ -168,7 +191,8 @@ def print_table(report: dict, args: argparse.Namespace, model: Path) -> None:
         summary = report.get(engine, {}).get("summaries", {}).get(c)
         return summary.output_tok_s if summary else None
 
-    print(f"\n{model.name}, float32, {args.threads} threads; output tokens/s")
+    where = f"{args.threads} threads" if args.device == "cpu" else args.device
+    print(f"\n{model.name}, {args.dtype}, {where}; output tokens/s")
     print("| engine | c=16 | c=1 | peak RSS MiB |\n|---|---:|---:|---|")
     for engine in report:
         mem = ", ".join(f"{k} {v:.0f}" for k, v in report[engine]["memory_mib"].items())

@@ -1,4 +1,4 @@
-"""Step latency of the worker's forward pass on tiny-llama, next to Hugging Face transformers.
+"""Step latency of the worker's forward pass (tiny-llama or --model DIR), next to transformers.
 
     .venv/bin/python benchmarks/worker_forward.py [--batch-sizes 1,8,32] [--prompt-len 128]
         [--llama-server PATH]
@@ -35,6 +35,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import transformers
@@ -150,7 +151,7 @@ def hf_decode(model, batch: int, context: int) -> Step:
 
 
 def run(args: argparse.Namespace) -> tuple[list[Row], str]:
-    model_dir = ensure_tiny_llama()
+    model_dir = ensure_tiny_llama() if args.model == "tiny-llama" else Path(args.model)
     longest = max(args.prompt_len, args.context_len + 1)
     num_blocks = max(args.batch_sizes) * -(-longest // args.block_size)
     rows = {
@@ -168,6 +169,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], str]:
             device=args.device,
             progress=False,
             attention_backend=args.attention_backend,
+            cuda_graph_max_batch=args.cuda_graph_max_batch,
         )
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=TORCH_DTYPES[dtype])
         hf = hf.to(args.device).eval()
@@ -242,6 +244,13 @@ def main() -> None:
         help="kvledger's backend (auto, what the worker serves with: the CPU kernel, or on "
         "CUDA flash-attn where it runs; torch; flash_attn)",
     )
+    parser.add_argument("--model", default="tiny-llama", help="tiny-llama, or a model directory")
+    parser.add_argument(
+        "--cuda-graph-max-batch",
+        type=int,
+        default=64,
+        help="on CUDA with flash-attn, decode steps up to this batch run as CUDA graphs (0: off)",
+    )
     args = parser.parse_args()
     for d in args.dtypes:
         if d not in SHORT:
@@ -249,7 +258,10 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     rows, attn = run(args)
     print(
-        f"tiny-llama on {args.device}, block size {args.block_size}, "
+        f"{Path(args.model).name} on {args.device}"
+        + (f" ({torch.cuda.get_device_name(args.device)})" if args.device != "cpu" else "")
+        + f", block size {args.block_size}, "
+        f"CUDA graphs up to batch {args.cuda_graph_max_batch}, "
         f"prompt {args.prompt_len} tokens, decode context {args.context_len}, "
         f"median of {args.repeats}, "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}, "

@@ -20,6 +20,7 @@ from kvledger.models import resolve_model
 from kvledger.shutdown import Stopper
 from kvledger.tls import checked
 from protos import frontend_pb2, worker_pb2
+from worker.device_defaults import choose
 from worker.distributed import GroupLost, rank_device
 from worker.executor import Executor
 from worker.link import WorkerLinkClient
@@ -127,12 +128,24 @@ def runner_kwargs(settings: WorkerSettings) -> dict[str, Any]:
     kv_bytes = settings.kv_cache_memory_bytes
     if kv_bytes is None and not settings.device.startswith("cuda"):
         kv_bytes = CPU_KV_CACHE_BYTES
+    chosen = choose(
+        settings.device, settings.dtype, settings.block_size, settings.attention_backend
+    )
+    if chosen.reason:
+        log.info(
+            "on %s: %s, KV blocks of %d tokens, attention %s expected (%s)",
+            settings.device,
+            chosen.dtype,
+            chosen.block_size,
+            chosen.attention,
+            chosen.reason,
+        )
     return dict(
-        block_size=settings.block_size,
+        block_size=chosen.block_size,
         num_blocks=settings.num_kv_blocks,
         kv_cache_memory_bytes=kv_bytes,
         gpu_memory_utilization=settings.gpu_memory_utilization,
-        dtype=settings.dtype,
+        dtype=chosen.dtype,
         # a group's rank 0 takes the first of its GPUs; a single worker --device as given
         device=rank_device(settings.device, 0)
         if settings.tensor_parallel_size > 1
@@ -142,6 +155,7 @@ def runner_kwargs(settings: WorkerSettings) -> dict[str, Any]:
         attention_backend=settings.attention_backend,
         fused_cpu_ops=settings.fused_cpu_ops,
         quantization=settings.quantization,
+        cuda_graph_max_batch=settings.cuda_graph_max_batch if settings.cuda_graphs else 0,
         progress=settings.log_format == "text",  # a progress bar is no JSON line
     )
 

@@ -115,6 +115,11 @@ def check_chunk(chunk: SeqChunk, limits: BatchLimits) -> str | None:
     return None
 
 
+def checked_table(chunk: SeqChunk, limits: BatchLimits) -> list[int]:
+    """The part of the chunk's block table its context needs; ValueError if the chunk is bad."""
+    return _check(chunk, limits)
+
+
 def _check(chunk: SeqChunk, limits: BatchLimits) -> list[int]:
     """Validate one chunk; return the part of its block table its context needs."""
     who = f"request {chunk.request_id}"

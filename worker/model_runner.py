@@ -12,9 +12,12 @@ import torch
 from kvledger.config.worker import DTYPES as DTYPE_NAMES
 from worker import native
 from worker.attention import get_backend
+from worker.attention.base import AttentionBackend
 from worker.attention.dense import dense_plan, seq_positions
-from worker.batch import BatchLimits, SeqChunk, StepBatch, prepare_batch
+from worker.attention.flash_attn_backend import FlashAttention
+from worker.batch import BatchLimits, SeqChunk, prepare_batch
 from worker.config import EncoderConfig, ModelConfig
+from worker.cuda_graphs import DecodeGraphs
 from worker.distributed import TPGroup, check_tensor_parallel, split_heads
 from worker.kv_cache import KVCache, KVShape
 from worker.layers.linear import prepare_for_device
@@ -72,6 +75,7 @@ class ModelRunner:
         tp: TPGroup | None = None,
         fused_cpu_ops: bool = True,
         quantization: str = "auto",
+        cuda_graph_max_batch: int = 0,
     ) -> None:
         self.tp = tp = tp or TPGroup()
         default_threads(tp.size if torch.device(device).type == "cpu" else 1)
@@ -113,13 +117,35 @@ class ModelRunner:
             self.num_blocks = shape.blocks_for_budget(budget)
         if tp.size > 1:  # one pool for the group: the smallest any rank can hold
             self.num_blocks = tp.min_int(self.num_blocks)
-        self.kv_cache = KVCache.allocate(shape, self.num_blocks, self.device)
+        graphs = _graphs_wanted(cuda_graph_max_batch, self.device, self.backend, tp)
+        # a graphed worker keeps one block more, past the pool: its padded rows' scratch
+        self.kv_cache = KVCache.allocate(shape, self.num_blocks + bool(graphs), self.device)
         for layer, k, v in zip(
             self.model.attention_layers(), self.kv_cache.k, self.kv_cache.v, strict=True
         ):
             layer.k_cache, layer.v_cache = k, v
         self.limits = BatchLimits(block_size, self.num_blocks, self.vocab_size, self.max_model_len)
         self.sampler = Sampler(seed, ops)
+        self.graphs: DecodeGraphs | None = None
+        if graphs:
+            self.graphs = DecodeGraphs(
+                self.model,
+                max_batch=cuda_graph_max_batch,
+                block_size=block_size,
+                max_model_len=self.max_model_len,
+                scratch_block=self.num_blocks,
+                sliding_window=cfg.sliding_window,
+                device=self.device,
+            )
+            self.graphs.capture()
+        log.info(
+            "attention %s on %s, %s, KV blocks of %d tokens; CUDA graphs %s",
+            self.backend.name,
+            self.device,
+            self.dtype,
+            block_size,
+            graphs or "off",
+        )
         log.info(
             "model %s: %s, %d layers, %s, %d KV blocks of %d tokens (%.1f MiB)",
             model_path,
@@ -140,18 +166,18 @@ class ModelRunner:
         """
         if not chunks:
             return []
-        batch, hidden = self._forward(chunks)
+        last_rows, hidden = self._forward(chunks)
         sampling = [i for i, c in enumerate(chunks) if c.sample]
         out: list[Sample | None] = [None] * len(chunks)
         if sampling:
-            rows = torch.tensor([batch.last_rows[i] for i in sampling], device=self.device)
+            rows = torch.tensor([last_rows[i] for i in sampling], device=self.device)
             logits = self.model.compute_logits(hidden[rows])
             samples = self.sampler(logits, [chunks[i] for i in sampling])
             for i, sample in zip(sampling, samples, strict=True):
                 out[i] = sample
         for i, chunk in enumerate(chunks):
             if chunk.num_prompt_scored:
-                first_row = batch.last_rows[i] - len(chunk.token_ids) + 1
+                first_row = last_rows[i] - len(chunk.token_ids) + 1
                 out[i] = _with_prompt(out[i], self._score_prompt(hidden, first_row, chunk))
         return out
 
@@ -161,9 +187,9 @@ class ModelRunner:
 
         A real step: the chunks' K/V are written to the cache as in `execute`.
         """
-        batch, hidden = self._forward(chunks)
+        last_rows, hidden = self._forward(chunks)
         if not all_tokens:
-            hidden = hidden[torch.tensor(batch.last_rows, device=self.device)]
+            hidden = hidden[torch.tensor(last_rows, device=self.device)]
         return self.model.compute_logits(hidden).float()
 
     @torch.inference_mode()
@@ -192,10 +218,31 @@ class ModelRunner:
             entries += scored
         return Sample(prompt_logprobs=PromptLogprobs(start, targets, entries))
 
-    def _forward(self, chunks: list[SeqChunk]) -> tuple[StepBatch, torch.Tensor]:
+    def _forward(self, chunks: list[SeqChunk]) -> tuple[list[int], torch.Tensor]:
+        """(each chunk's last row, the hidden states): a graph replay for a decode step that
+        fits one, else the eager forward."""
+        if self.graphs is not None and self.graphs.fits(chunks):
+            return list(range(len(chunks))), self.graphs.run(chunks, self.limits)
         batch = prepare_batch(chunks, self.limits, self.device, self.config.sliding_window)
         plan = self.backend.plan(batch.attn)
-        return batch, self.model(batch.input_ids, batch.positions, plan)
+        return batch.last_rows, self.model(batch.input_ids, batch.positions, plan)
+
+
+def _graphs_wanted(
+    max_batch: int, device: torch.device, backend: AttentionBackend, tp: TPGroup
+) -> str | None:
+    """The CUDA-graph buckets to capture ("up to N sequences"), or None, saying why not."""
+    if max_batch <= 0 or device.type != "cuda":
+        return None
+    why = None
+    if not isinstance(backend, FlashAttention):
+        why = f"they need the flash_attn backend, and this worker runs {backend.name}"
+    elif tp.size > 1:
+        why = "not with tensor parallelism"
+    if why:
+        log.warning("CUDA graphs off: %s", why)
+        return None
+    return f"for decode steps of up to {max_batch} sequences"
 
 
 def _native_ops(wanted: bool, device: torch.device) -> ModuleType | None:

@@ -56,6 +56,7 @@ def load_runner(
     attention_backend: str = "torch",
     fused_cpu_ops: bool = True,
     quantization: str = "auto",
+    cuda_graph_max_batch: int = 0,
     progress: bool = True,
     tp: TPGroup | None = None,
 ) -> ModelRunner | EmbeddingRunner:
@@ -87,6 +88,7 @@ def load_runner(
         attention_backend=attention_backend,
         fused_cpu_ops=fused_cpu_ops,
         quantization=quantization,
+        cuda_graph_max_batch=cuda_graph_max_batch,
         progress=progress,
         tp=tp,
     )

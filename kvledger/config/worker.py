@@ -51,7 +51,11 @@ class WorkerSettings(
         "directory with the tokenizer.json (and tokenizer_config.json: chat template) the "
         "frontend uses instead of the model's own (e.g. for a GGUF file's)",
     )
-    block_size: int = option(16, "tokens per KV block")
+    block_size: int | None = option(
+        None,
+        "tokens per KV block (default: 256 on CUDA where flash-attn runs, the multiple of 256 "
+        "its paged kernel needs; else 16)",
+    )
     num_kv_blocks: int | None = option(
         None, "fixed number of KV blocks (overrides the memory budget)"
     )
@@ -62,7 +66,11 @@ class WorkerSettings(
     )
     gpu_memory_utilization: float = option(0.9, "fraction of GPU memory for weights and KV")
     max_model_len: int | None = option(None, "context length (default: the model's)")
-    dtype: str = option("float32", "weight and activation dtype", choices=DTYPES)
+    dtype: str | None = option(
+        None,
+        "weight and activation dtype (default: bfloat16 on CUDA, float32 on CPU)",
+        choices=DTYPES,
+    )
     device: str = option("cpu", "torch device")
     attention_backend: str = option(
         "auto",
@@ -84,6 +92,12 @@ class WorkerSettings(
         "auto (the default): gguf where it can run, else none",
         choices=QUANTIZATIONS,
     )
+    cuda_graphs: bool = option(
+        True,
+        "on CUDA with flash-attn, run decode-only steps as CUDA graphs captured at start, one "
+        "per batch-size bucket up to --cuda-graph-max-batch (--no-cuda-graphs: eager)",
+    )
+    cuda_graph_max_batch: int = option(64, "the largest decode batch run as a CUDA graph")
     seed: int = option(0, "base random seed")
     worker_id: str | None = option(None, "name of this worker (default: host-pid)")
     tensor_parallel_size: int = option(

@@ -92,9 +92,12 @@ needs_cuda = pytest.mark.skipif(
 @needs_cuda
 @pytest.mark.parametrize("caching", ["--enable-prefix-caching", "--no-enable-prefix-caching"])
 def test_greedy_on_cuda_matches_reference_under_preemption(tmp_path, reference, caching):
-    """The same, with the worker on the GPU (float32, torch attention backend)."""
+    """The same, with the worker on the GPU (float32, hence the torch attention backend)."""
     served = start_serve(
-        tmp_path, caching, "--num-kv-blocks", "24", "--max-num-seqs", "8", "--device", "cuda"
+        tmp_path,
+        caching,
+        *("--num-kv-blocks", "24", "--max-num-seqs", "8", "--device", "cuda"),
+        *("--dtype", "float32"),
     )
     try:
         assert run_concurrently(served.url) == reference
@@ -149,3 +152,43 @@ def test_flash_attn_serving_under_preemption_leaks_nothing(tmp_path):
         assert metric_sum(samples, "kvledger_tracker_orphans_total") == 0
     finally:
         served.stop()
+
+
+@needs_cuda
+@pytest.mark.skipif(
+    importlib.util.find_spec("flash_attn") is None, reason="needs the flash-attn package"
+)
+def test_cuda_defaults_serve_through_flash_attn_with_graphs(tmp_path):
+    """`kvledger serve --device cuda` and nothing else: bfloat16, flash-attn at 256-token
+    blocks, decode steps as CUDA graphs, each chosen and said in the log; 8 concurrent requests
+    of 300-token prompts complete and leave the ledger empty."""
+    served = start_serve(tmp_path, "--device", "cuda", "--max-num-seqs", "8")
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0, timeout=300)
+    lengths: list[int] = [0] * 8
+
+    def one(i: int) -> None:
+        out = client.completions.create(
+            model=MODEL,
+            prompt=[1000 + 7 * i + j for j in range(300)],
+            max_tokens=60,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        lengths[i] = out.usage.completion_tokens
+
+    try:
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert lengths == [60] * 8
+        samples = scrape(served.scheduler_metrics_url)
+        assert metric_sum(samples, "kvledger_kv_blocks_in_use") == 0
+        assert metric_sum(samples, "kvledger_tracker_entries") == 0
+    finally:
+        served.stop()
+    log = (tmp_path / "serve.log").read_text()
+    assert "attention flash_attn on cuda, torch.bfloat16, KV blocks of 256 tokens" in log
+    assert "CUDA graphs for decode steps of up to 64 sequences" in log
+    assert "multiple of 256" in log  # the reason, from worker/device_defaults.py

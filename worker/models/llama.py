@@ -53,9 +53,13 @@ class LlamaAttention(nn.Module, UsesNative):
                 qkv, *rope, self.num_heads, self.num_kv_heads, self.head_dim
             )
         else:
-            q, k, v = self.qkv_proj.split(qkv)
-            q = apply_rotary(q.view(tokens, self.num_heads, self.head_dim), *rope)
-            k = apply_rotary(k.view(tokens, self.num_kv_heads, self.head_dim), *rope)
+            # q and k are adjacent in the packed output: one rotation for both heads' kinds
+            # (half the kernels a decode step launches for RoPE; the same arithmetic)
+            _, _, v = self.qkv_proj.split(qkv)
+            heads = self.num_heads + self.num_kv_heads
+            qk = qkv[:, : heads * self.head_dim].view(tokens, heads, self.head_dim)
+            qk = apply_rotary(qk, *rope)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
             v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if isinstance(plan, DensePlan):  # an embedding pass: nothing is kept in the cache
             out = dense_attention(q, k, v, plan, self.scale)

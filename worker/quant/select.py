@@ -19,8 +19,8 @@ from pathlib import Path
 
 from torch import nn
 
+from kvledger.config.worker import QUANTIZATIONS
 from kvledger.gguf_file import is_gguf
-from worker.settings import QUANTIZATIONS
 
 log = logging.getLogger(__name__)
 
