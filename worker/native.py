@@ -49,7 +49,10 @@ def _cpu_flags() -> str:
 
 
 def build_name() -> str:
-    digest = hashlib.sha256()
+    """A digest of the sources, their directory, torch's version and the CPU's flags. The
+    directory is in it because ninja's build file names the sources by path: two checkouts
+    sharing one cache would otherwise rebuild the same module in turn."""
+    digest = hashlib.sha256(str(SOURCES[0].parent).encode())
     for path in (*SOURCES, *HEADERS):
         digest.update(path.read_bytes())
     for part in (torch.__version__.encode(), _cpu_flags().encode()):

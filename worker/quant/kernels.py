@@ -32,8 +32,9 @@ _loaded: dict[str, ModuleType | str] = {}
 
 
 def build_name() -> str:
-    """A digest of the sources and torch's version: not of the CPU, the build is portable."""
-    digest = hashlib.sha256(torch.__version__.encode())
+    """A digest of the sources, their directory (as in `native.build_name`) and torch's
+    version: not of the CPU, the build is portable."""
+    digest = hashlib.sha256(torch.__version__.encode() + str(CSRC).encode())
     for path in (*SOURCES, *HEADERS):
         digest.update(path.read_bytes())
     return f"kvledger_quant_ops_{digest.hexdigest()[:12]}"
