@@ -9,12 +9,18 @@ import socket
 
 import pytest
 
+from tests.deploy.compose import active_services
 from tests.deploy.live import SHARED_PROMPT, complete, post
 from tests.deploy.prom import scrape_targets
 from tests.deploy.topology import start_topology
 from tests.serving import metric_sum, scrape
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+
+
+def compose_model() -> str:
+    """The generative model compose serves by default (the real one, from its GGUF file)."""
+    return active_services()["worker"]["environment"]["KVLEDGER_SERVED_MODEL_NAME"]
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +36,8 @@ def frontend_url(topology) -> str:
 
 
 def test_traffic_to_both_models(frontend_url):
-    complete(frontend_url, SHARED_PROMPT)
-    again = complete(frontend_url, SHARED_PROMPT)
+    complete(frontend_url, SHARED_PROMPT, model=compose_model())
+    again = complete(frontend_url, SHARED_PROMPT, model=compose_model())
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     reply = post(
         frontend_url,
@@ -67,7 +73,7 @@ def test_workers_carry_their_ids(topology, frontend_url):
     replicas differ: it names itself `<hostname>-<pid>`."""
     scheduler = scrape(f"http://{topology.address('scheduler', 9400)}/metrics")
     assert _workers_of(scheduler, EMBEDDING_MODEL) == {"embed-0"}
-    [cpu] = _workers_of(scheduler, "tiny-llama")
+    [cpu] = _workers_of(scheduler, compose_model())
     assert re.fullmatch(rf"{re.escape(socket.gethostname())}-\d+", cpu), cpu
     worker = scrape(f"http://{topology.address('worker', 9401)}/metrics")
     assert metric_sum(worker, "kvledger_worker_step_seconds_count", worker=cpu) > 0
