@@ -123,7 +123,17 @@ def test_two_frontends_three_workers_over_mutual_tls_survive_a_lost_worker(tmp_p
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(work))]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)  # both workers of the model hold requests
+    # Kill the small worker once it holds requests (a fixed delay raced the frontends' parsing).
+    metrics_url = f"http://127.0.0.1:{scheduler_metrics}/metrics"
+    deadline = time.monotonic() + 60
+    while True:
+        samples = scrape(metrics_url)
+        held = metric_sum(samples, "kvledger_num_requests_running", worker="small")
+        held += metric_sum(samples, "kvledger_num_requests_waiting", worker="small")
+        if held >= 1:
+            break
+        assert time.monotonic() < deadline, "the small worker was never given a request"
+        time.sleep(0.01)
     processes[3].send_signal(signal.SIGKILL)  # the small worker
     processes[3].wait()
     processes[3] = start_worker(pki, target, log, *small)
