@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 @dataclass(frozen=True)
 class Workload:
-    dataset: str = "shared-prefix"  # or "random"
+    dataset: str = "shared-prefix"  # or "random", or "given" (the prompts in `given`)
     num_requests: int = 48
     prefix_len: int = 512  # shared-prefix: tokens every prompt starts with
     suffix_len: int = 36  # shared-prefix: each prompt's own tokens; random: the prompt length
@@ -28,6 +28,7 @@ class Workload:
     vocab_low: int = 1000  # token ids drawn from [vocab_low, vocab_high)
     vocab_high: int = 30000
     seed: int = 0
+    given: tuple[tuple[int, ...], ...] = ()  # "given": the prompts themselves
 
     def prompts(self) -> list[list[int]]:
         rng = random.Random(self.seed)
@@ -35,6 +36,8 @@ class Workload:
         def draw(n: int) -> list[int]:
             return [rng.randrange(self.vocab_low, self.vocab_high) for _ in range(n)]
 
+        if self.dataset == "given":
+            return [list(p) for p in self.given[: self.num_requests]]
         if self.dataset == "random":
             return [draw(self.suffix_len) for _ in range(self.num_requests)]
         if self.dataset != "shared-prefix":
@@ -168,9 +171,7 @@ async def drive(
 def summarize(engine, concurrency, request_rate, seconds, results, wl) -> Summary:  # noqa: ANN001
     tokens = sum(r.output_tokens for r in results)
     cached = [r.cached_tokens for r in results if r.cached_tokens is not None]
-    prompt_tokens = len(results) * (
-        wl.suffix_len if wl.dataset == "random" else wl.prefix_len + wl.suffix_len
-    )
+    prompt_tokens = sum(len(p) for p in wl.prompts()[: len(results)])
     return Summary(
         engine=engine,
         concurrency=concurrency,

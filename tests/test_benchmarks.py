@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from benchmarks.gguf_export import gguf_name, rotate_half_to_interleaved
@@ -58,3 +60,33 @@ def test_gguf_tensor_names():
     assert gguf_name("model.layers.0.mlp.down_proj.weight") == "blk.0.ffn_down.weight"
     assert gguf_name("model.layers.1.post_attention_layernorm.weight") == "blk.1.ffn_norm.weight"
     assert gguf_name("lm_head.weight") == "output.weight"
+
+
+def test_chat_workload_shares_the_system_prompt_and_survives_json():
+    """The real model's workload: ChatML prompts from the file's template, the system prompt
+    shared token for token, each question its own; static_batches gets it back through JSON."""
+    import json
+
+    from benchmarks.chat_workload import chat_workload
+    from kvledger.models import smollm2_path
+    from server.gguf_tokenizer import load_gguf_tokenizer
+
+    wl = chat_workload(smollm2_path(), 20, 128)
+    prompts = wl.prompts()
+    assert len(prompts) == 20 and len({tuple(p) for p in prompts}) == 20
+    shared = len(os.path.commonprefix(prompts))
+    assert 380 <= shared < min(len(p) for p in prompts) and max(len(p) for p in prompts) < 480
+    text = load_gguf_tokenizer(smollm2_path()).tokenizer.decode(
+        prompts[0], skip_special_tokens=False
+    )
+    assert text.startswith("<|im_start|>system\nYou are Ledger")
+    assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    assert Workload(**json.loads(json.dumps(dict(wl.__dict__)))).prompts() == prompts
+
+
+def test_static_batches_pad_on_the_left_and_mask_the_padding():
+    from benchmarks.static_batches import left_padded
+
+    ids, mask = left_padded([[5, 6, 7], [8, 9]], "cpu")
+    assert ids.tolist() == [[5, 6, 7], [0, 8, 9]]
+    assert mask.tolist() == [[1, 1, 1], [0, 1, 1]]

@@ -1,0 +1,85 @@
+"""The peers benchmark's printout (benchmarks/peers.py): the CPU it ran on, one row per engine
+(output tokens/s and TTFT p50 at concurrency 16 and 1, peak RSS of each of its processes), the
+ratios of kvledger to each peer, latency percentiles, and whether llama.cpp's greedy tokens
+equal transformers' (the same weights give the same first tokens; a quantized file may not).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_line() -> str:
+    """The CPU's model name, core count and the flags that choose kernels."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name, flags = "unknown CPU", set()
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            name = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+    have = [f for f in CPU_FLAGS if f in flags]
+    from os import sched_getaffinity
+
+    return f"{name}, {len(sched_getaffinity(0))} cores; flags: {' '.join(have) or 'none of'}"
+
+
+def print_table(report: dict, args: argparse.Namespace, model: Path) -> None:
+    def summary(engine: str, c: int):  # noqa: ANN202 - benchmarks.load.Summary or None
+        return report.get(engine, {}).get("summaries", {}).get(c)
+
+    def tok_s(engine: str, c: int) -> float | None:
+        if engine == "transformers":
+            return report[engine]["tok_s"].get(str(c))
+        s = summary(engine, c)
+        return s.output_tok_s if s else None
+
+    def ttft(engine: str, c: int) -> str:
+        s = summary(engine, c)
+        return f"{s.ttft_ms['p50']:.0f}" if s else "-"
+
+    where = f"{args.threads} threads" if args.device == "cpu" else args.device
+    print(f"\n{cpu_line()}\n{model.name}, {args.dtype or 'default dtype'}, {where}")
+    print("| engine | c=16 tok/s | c=1 tok/s | c=16 TTFT p50 ms | c=1 TTFT p50 ms | peak RSS MiB |")
+    print("|---|---:|---:|---:|---:|---|")
+    for engine in report:
+        mem = ", ".join(f"{k} {v:.0f}" for k, v in report[engine]["memory_mib"].items())
+        cells = [f"{x:.0f}" if (x := tok_s(engine, c)) else "-" for c in (16, 1)]
+        cells += [ttft(engine, c) for c in (16, 1)]
+        print(f"| {engine} | " + " | ".join(cells) + f" | {mem} |")
+    if "kvledger" in report:
+        for peer in (p for p in report if p != "kvledger"):
+            ratios = []
+            for c in (16, 1):
+                a, b = tok_s("kvledger", c), tok_s(peer, c)
+                ratios.append(f"c={c} {a / b:.2f}x" if a and b else f"c={c} -")
+            print(f"kvledger / {peer}: " + ", ".join(ratios))
+    for engine in report:
+        for c, s in report[engine].get("summaries", {}).items():
+            print(
+                f"{engine} c={c}: TTFT p50/p90/p99 "
+                + "/".join(f"{v:.0f}" for v in s.ttft_ms.values())
+                + " ms, inter-token p50/p90/p99 "
+                + "/".join(f"{v:.1f}" for v in s.itl_ms.values())
+                + " ms, time per token p50/p90 "
+                + "/".join(f"{v:.1f}" for v in list(s.tpot_ms.values())[:2])
+                + " ms"
+                + (f", cached {100 * s.cached_share:.0f}%" if s.cached_share is not None else "")
+            )
+    if "transformers" in report:
+        ours = report["transformers"]["greedy_tokens"]
+        for peer in (p for p in report if p.startswith("llama.cpp")):
+            theirs = report[peer]["greedy_tokens"]
+            same = [_common_prefix(x, y) for x, y in zip(ours, theirs, strict=True)]
+            print(f"{peer}'s first greedy tokens equal to transformers' (of 16, 2 prompts): {same}")
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
