@@ -8,7 +8,7 @@ from tests.deploy.compose import resolved
 from tests.deploy.prom import ALERTS_YML, alert_rules, metric_names, prometheus_config
 from tests.deploy.tools import require, run
 
-# What the issue asked to page on, each by the alert that does it.
+# What operators are paged on, each by the alert that does it.
 EXPECTED = {
     "KvledgerLedgerOrphans",
     "KvledgerWorkerStaleBlockRefusals",
