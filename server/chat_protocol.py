@@ -6,14 +6,13 @@ from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
     model_serializer,
 )
 
 from kvledger.rpc import MAX_LOGPROBS
-from server.protocol import INT32_MAX, SamplingRequest, text_fields
+from server.protocol import INT32_MAX, REQUEST_CONFIG, SamplingRequest, text_fields
 from server.responses import Usage
 
 # Parameters of OpenAI's chat API this server does not implement: a request that sets one is a
@@ -34,7 +33,7 @@ UNSUPPORTED = (
 class ContentPart(BaseModel):
     """One part of a message's content; only `{"type": "text", "text": ...}` is served."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = REQUEST_CONFIG
     type: str
     text: str | None = None
 
@@ -42,7 +41,7 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = REQUEST_CONFIG
     role: Literal["system", "user", "assistant"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -51,14 +50,14 @@ class ChatMessage(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = REQUEST_CONFIG
     type: str
 
 
 class ChatTemplateOptions(BaseModel):
     """How the messages become a prompt (vLLM's names)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = REQUEST_CONFIG
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False  # the template writes the model's special tokens itself

@@ -14,6 +14,10 @@ from kvledger.rpc import MAX_LOGPROBS
 INT32_MAX = 2**31 - 1
 # strict: JSON true/false or 1.5 are not token ids (lax mode read true as 1)
 TokenId = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
+# Every request body validates strictly: a JSON value of the wrong type ("0.5", false, 1.0 for
+# an integer) is a 400, as the published schema says, never coerced. Unknown fields are
+# accepted and ignored, as OpenAI's clients expect.
+REQUEST_CONFIG = ConfigDict(extra="allow", strict=True)
 Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 LOGIT_BIAS_LIMIT = 100.0
 # vLLM's and OpenAI's parameters this server does not implement: set to anything but null,
@@ -62,14 +66,14 @@ def _finite(value: float | None) -> float | None:
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = REQUEST_CONFIG
     include_usage: bool = False
 
 
 class SamplingRequest(BaseModel):
     """The fields every generating endpoint takes, with OpenAI's defaults and vLLM's extras."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = REQUEST_CONFIG
 
     model: str
     temperature: float | None = Field(1.0, ge=0.0, le=2.0)
@@ -153,7 +157,7 @@ class CompletionRequest(SamplingRequest):
 
 
 class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = REQUEST_CONFIG
 
     model: str
     input: Prompt
@@ -165,7 +169,7 @@ class EmbeddingRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = REQUEST_CONFIG
     model: str
     tokens: list[TokenId]
 

@@ -15,7 +15,7 @@ from server.client import ServedModel
 from server.deps import model_for, settings_of
 from server.errors import APIError, error_responses
 from server.offload import off_loop
-from server.protocol import DetokenizeRequest, text_fields
+from server.protocol import REQUEST_CONFIG, DetokenizeRequest, text_fields
 from server.tokens import check_text_fits, token_text
 
 router = APIRouter(route_class=OffLoopBodyRoute)
@@ -28,7 +28,7 @@ class TokenizeRequest(ChatTemplateOptions):
     # The example is the documentation's, and the API fuzz test's one certain valid body: a
     # generated body holds both fields or neither far more often than exactly one.
     model_config = ConfigDict(
-        extra="allow",
+        **REQUEST_CONFIG,
         json_schema_extra={"examples": [{"model": "tiny-llama", "prompt": "The ledger says"}]},
     )
     model: str
