@@ -58,3 +58,19 @@ def test_the_scheduler_masks_stop_ids_and_eos_unless_ignored() -> None:
     assert sampling_from_wire(sampling_with_min_tokens(request, [2])).min_tokens_masked == (3, 7)
     request.stop.min_tokens = 0
     assert sampling_from_wire(sampling_with_min_tokens(request, [2])).min_tokens_masked == ()
+
+
+def test_a_continuations_resumed_tokens_count_toward_min_tokens() -> None:
+    """A continuation (resumed_token_ids) reaches a worker as one prefill of its prompt and the
+    tokens already sent: those are outputs, so with 3 of them min_tokens=3 is reached and
+    min_tokens=4 is not. Counting from the prompt alone would mask EOS for 3 tokens too many."""
+    sampler = Sampler(0)
+    prompt, resumed = 4, 3
+    end = prompt + resumed
+
+    def continuation(min_tokens: int) -> SeqChunk:
+        params = SamplingParams(min_tokens=min_tokens, min_tokens_masked=(EOS, STOP))
+        return SeqChunk("r", [1] * end, 0, [0], True, params, [1] * end, prompt)
+
+    rows = LOGITS.repeat(2, 1)
+    assert [s.token_id for s in sampler(rows, [continuation(3), continuation(4)])] == [EOS, 1]
