@@ -1,7 +1,7 @@
 """Admission: the atomic allocation, its failure branches, and what a lookup may be trusted for."""
 
 from scheduler_svc.core import RequestStatus
-from tests.core.fakes import Harness, request
+from tests.core.harness import Harness, has_unfinished, request
 
 A = list(range(0, 8))  # two full blocks of 4
 B = list(range(50, 58))
@@ -283,7 +283,7 @@ def test_waiting_requests_are_served_in_policy_order(kv: bool) -> None:
             request("c", [5, 6], max_tokens=1, priority=0),
         )
         order = []
-        while h.sched.has_unfinished():
+        while has_unfinished(h.sched):
             order += [n.request_id for n in h.step().new]
         assert order == expected
 

@@ -13,7 +13,8 @@ from scheduler_svc.core import (
     SchedulerOutput,
 )
 from scheduler_svc.core.block_hash import ExtraKeys, sha256_block_hash
-from tests.core.fakes import FakeWorker, Harness, config, request
+from tests.core.fakes import FakeWorker
+from tests.core.harness import Harness, config, has_unfinished, request
 
 
 def scripted(tokens: list[int]) -> Callable[[str, list[int]], int]:
@@ -78,7 +79,7 @@ def test_prompts_that_can_never_run_finish_as_ignored_with_a_reason(
         h.run_to_idle()
         return
     assert r.status is RequestStatus.FINISHED and r.finish_reason is FinishReason.IGNORED
-    assert h.sched.has_unfinished() and h.sched.abort_request("bad") is False
+    assert has_unfinished(h.sched) and h.sched.abort_request("bad") is False
     out = h.plan()
     (update,) = out.finished
     assert update.request_id == "bad" and update.finish_reason == "ignored"
@@ -268,7 +269,7 @@ def test_drain_hands_back_every_live_request_in_arrival_order(kv: bool) -> None:
     assert snap.num_running == snap.num_waiting == snap.tracker_entries == 0
     assert snap.blocks_in_use == 0 and snap.blocks_cached == 0
     assert snap.entries_released["worker_lost"] == 3
-    assert not h.sched.has_unfinished()
+    assert not has_unfinished(h.sched)
     # another worker's ledger takes them over and finishes them as if nothing happened
     other = Harness.build(kv, num_blocks=6)
     other.add(*drained)

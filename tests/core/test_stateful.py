@@ -25,7 +25,8 @@ from scheduler_svc.core import Request, RequestStatus, Scheduler, SchedulerOutpu
 from scheduler_svc.core.block_hash import extend_chain, request_extra_keys
 from scheduler_svc.core.kv_block import KVBlock
 from scheduler_svc.core.kv_cache_interface import CacheLookup
-from tests.core.fakes import FakeWorker, Harness, config
+from tests.core.fakes import FakeWorker
+from tests.core.harness import Harness, config
 
 PREFIXES = [[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9], [7] * 6]
 EOS = 0
