@@ -5,6 +5,11 @@ The fake worker holds the truth about every block's content, so any stale claim 
 through fails at once, and so does any refusal no injected fault explains; between steps every
 cached hash must name what its block holds; the invariant checker runs after every operation;
 at the end the ledger is run to idle and must be empty.
+
+Why this file is longer than the project's ~300 lines: it is one hypothesis state machine. Its
+rules, invariants and the model state they share (the harness, the arrivals, what was aborted
+or drained) only make sense together, and hypothesis needs them on one class; the variants at
+the end are that machine under each configuration.
 """
 
 from __future__ import annotations
