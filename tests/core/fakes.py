@@ -14,11 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from itertools import chain
 
-from scheduler_svc.core import (
-    ModelResult,
-    Request,
-    SchedulerOutput,
-)
+from scheduler_svc.core import ModelResult, Request, SchedulerOutput
 from scheduler_svc.core.block_hash import extend_chain, request_extra_keys
 from scheduler_svc.core.output import BlockHashPair
 

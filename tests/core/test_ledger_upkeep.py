@@ -5,10 +5,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from scheduler_svc.core import (
-    RequestStatus,
-    Scheduler,
-)
+from scheduler_svc.core import RequestStatus, Scheduler
 from scheduler_svc.core.block_hash import ExtraKeys, sha256_block_hash
 from tests.core.fakes import FakeWorker
 from tests.core.harness import Harness, config, has_unfinished, request

@@ -3,11 +3,7 @@ finish or recompute exactly the requests they touch, and uncache what was not wr
 
 import pytest
 
-from scheduler_svc.core import (
-    ModelResult,
-    RequestStatus,
-    SchedulerOutput,
-)
+from scheduler_svc.core import ModelResult, RequestStatus, SchedulerOutput
 from tests.core.harness import Harness, request
 
 
