@@ -3,7 +3,7 @@ on them (submit, place, deliver, retire, re-place after a lost worker).
 
 What it delegates, each to its own module: checking a registration (registration.py), checking
 a request before placement (admission.py), choosing a worker (routing.py, pure), translating to
-and from the wire (convert.py), one worker's ledger and plans (link.py), reading the ledgers
+and from the wire (wire.py), one worker's ledger and plans (worker_link.py), reading the ledgers
 for Prometheus (readings.py, metrics.py). Live requests are recorded once, on the link that
 holds them (`WorkerLink.live`): the engine finds a request through its links and keeps no map
 of its own.
@@ -24,20 +24,20 @@ from prometheus_client import CollectorRegistry, Gauge
 from kvledger.config.scheduler import EngineConfig
 from protos import frontend_pb2, worker_pb2
 from scheduler_svc import admission, registration, routing
-from scheduler_svc.convert import (
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.request import FinishReason
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.errors import PlacementError
+from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
+from scheduler_svc.metrics import LedgerCollector, LinkMetrics, RequestMetrics
+from scheduler_svc.readings import LedgerReadings
+from scheduler_svc.wire import (
     model_infos,
     request_from_embed_input,
     request_from_generate,
     sampling_with_min_tokens,
 )
-from scheduler_svc.core.config import SchedulerConfig
-from scheduler_svc.core.request import FinishReason
-from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.errors import PlacementError
-from scheduler_svc.link import WorkerLink
-from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
-from scheduler_svc.metrics import LedgerCollector, LinkMetrics, RequestMetrics
-from scheduler_svc.readings import LedgerReadings
+from scheduler_svc.worker_link import WorkerLink
 
 __all__ = ["Engine", "EngineConfig", "PlacementError"]
 

@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Callable, Iterable
 
 from scheduler_svc.core.stats import SchedulerSnapshot
-from scheduler_svc.link import WorkerLink
 from scheduler_svc.metrics import LedgerReading, RetiredLedgers
+from scheduler_svc.worker_link import WorkerLink
 
 
 class LedgerReadings:

@@ -14,13 +14,13 @@ import grpc
 from kvledger.log import REQUEST_ID
 from kvledger.rpc import ADMITTED
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2, worker_pb2_grpc
-from scheduler_svc.convert import response_from
 from scheduler_svc.core.request import FinishReason
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.engine import Engine
 from scheduler_svc.errors import PlacementError
-from scheduler_svc.link import LinkClosed, WorkerLink
 from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
+from scheduler_svc.wire import response_from
+from scheduler_svc.worker_link import LinkClosed, WorkerLink
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +230,6 @@ class WorkerLinkServicer(worker_pb2_grpc.WorkerLinkServicer):
         limit = self.engine.config.worker_step_timeout
         if limit <= 0 or link.plan_sent_at is None:
             return await messages.__anext__()
-        # One limit per message, a bundle too: bundles stop at ~50 ms of steps (link.py)
+        # One limit per message, a bundle too: bundles stop at ~50 ms of steps (worker_link.py)
         remaining = link.plan_sent_at + limit - time.monotonic()
         return await asyncio.wait_for(messages.__anext__(), max(remaining, 0.0))

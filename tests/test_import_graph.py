@@ -51,7 +51,7 @@ def test_a_planted_violation_of_each_rule_is_caught(tmp_path):
         tmp_path,
         {
             "scheduler_svc/__init__.py": "",
-            "scheduler_svc/link.py": "from worker import batch\n",
+            "scheduler_svc/worker_link.py": "from worker import batch\n",
             "scheduler_svc/core/__init__.py": "",
             "scheduler_svc/core/ok.py": "import dataclasses\nfrom . import bad\n",
             "scheduler_svc/core/bad.py": "def f():\n    import grpc\n",
@@ -74,7 +74,7 @@ def test_a_planted_violation_of_each_rule_is_caught(tmp_path):
         "kvledger/flags.py:1 imports server.settings",
         "kvledger/config/worker.py:2 imports torch",
         "server/app.py:1 imports worker.model_runner",
-        "scheduler_svc/link.py:1 imports worker.batch",
+        "scheduler_svc/worker_link.py:1 imports worker.batch",
         "worker/model_runner.py:1 imports scheduler_svc.core.ok",
     ]
 

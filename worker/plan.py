@@ -1,6 +1,6 @@
 """What the scheduler hands the worker in one step, and what the worker hands back, as plain
 dataclasses: the executor and the provenance check work on these, never on wire messages.
-`worker/convert.py` is the one place that translates (as `scheduler_svc/convert.py` is for the
+`worker/convert.py` is the one place that translates (as `scheduler_svc/wire.py` is for the
 scheduler's core)."""
 
 from __future__ import annotations

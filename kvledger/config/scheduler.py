@@ -60,7 +60,7 @@ class EngineConfig:
         "plan each worker's next step while it computes the current one (two plans in "
         "flight), so it never waits for the scheduler between steps",
     )
-    # decode steps sent to a worker in one message (bundles: scheduler_svc/link.py)
+    # decode steps sent to a worker in one message (bundles: scheduler_svc/worker_link.py)
     num_scheduler_steps: int = option(
         4,
         "decode steps planned at once and sent to a worker in one message, while every "

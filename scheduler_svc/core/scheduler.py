@@ -95,10 +95,6 @@ class Scheduler:
         """Waiting requests per tenant (the fair policy shares the waiting cap by it)."""
         return self.waiting.per_tenant()
 
-    def has_unfinished(self) -> bool:
-        """True while schedule() has anything to do or to report."""
-        return bool(self.requests or self._finished_pending or self._dropped)
-
     def cached_prefix_tokens(self, token_ids: list[int], cache_salt: str | None) -> int:
         return self.tracker.cached_prefix_tokens(token_ids, cache_salt)
 

@@ -1,10 +1,11 @@
-"""A fake worker that checks every plan against the protocol, and small test helpers.
+"""A fake worker that checks every plan against the protocol.
 
 The fake keeps what a real worker keeps (per-request tables and tokens, the hash declared for
 each written block) and, beside it, the truth: which token prefix (and salt) each block really
 holds. A claimed block whose truth differs from the request's prefix is a stale entry the
 scheduler let through, and fails the test at once. So does a claim the worker has to refuse
 for a reason no injected fault explains: refusing it would only hide the scheduler's mistake.
+The scheduler it serves and the stepping loop live in tests/core/harness.py.
 """
 
 from __future__ import annotations
@@ -13,38 +14,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from itertools import chain
 
-from scheduler_svc.core import (
-    ModelResult,
-    Request,
-    RequestUpdate,
-    Scheduler,
-    SchedulerConfig,
-    SchedulerOutput,
-)
+from scheduler_svc.core import ModelResult, Request, SchedulerOutput
 from scheduler_svc.core.block_hash import extend_chain, request_extra_keys
-from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.output import BlockHashPair
 
 Truth = tuple[str | None, tuple[int, ...]]  # (salt, every token up to the block's end)
 CORRUPT = b"?" * 32  # a provenance record no real hash matches
-
-
-def config(kv: bool = True, **overrides: object) -> SchedulerConfig:
-    values: dict[str, object] = dict(
-        num_blocks=8,
-        block_size=4,
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        max_model_len=64,
-        kv_cache=kv,
-        debug_invariants=True,
-    )
-    values.update(overrides)
-    return SchedulerConfig(**values)  # type: ignore[arg-type]
-
-
-def request(rid: str, prompt: Iterable[int], max_tokens: int = 4, **kw: object) -> Request:
-    return Request(request_id=rid, prompt_token_ids=list(prompt), max_tokens=max_tokens, **kw)
 
 
 def default_token(rid: str, tokens: list[int]) -> int:
@@ -91,7 +66,7 @@ class FakeWorker:
             self._forget(rid)
             self.voided.discard(rid)
         # what a voided continuation declares is never written: claims on it are explained
-        excused = excused | _written_by(out, self.voided)
+        excused = excused | written_by(out, self.voided)
         out = _without(out, self.voided)
         for new in out.new:
             self._place(new.request_id, new.token_ids, new.block_ids, new.num_computed_tokens)
@@ -106,7 +81,7 @@ class FakeWorker:
         errored = {rid: why for rid, why in (errored or {}).items() if rid in held}
         refused = self._refused_claims(out, errored, excused)
         failed = refused | set(errored)
-        unwritten = _written_by(out, failed) | excused
+        unwritten = written_by(out, failed) | excused
         # a block written now may also be claimed now (same-step sharing), nothing else
         shared_now = {b for new in out.new for b, _ in new.claimed} & {
             b for item in chain(out.new, out.cont) for b, _ in item.written
@@ -160,7 +135,7 @@ class FakeWorker:
             if not newly:
                 break
             refused |= newly
-        self._check_refusals(out, view, _written_by(out, refused | set(errored)) | excused)
+        self._check_refusals(out, view, written_by(out, refused | set(errored)) | excused)
         return refused
 
     def _check_refusals(
@@ -304,129 +279,14 @@ def _without(out: SchedulerOutput, voided: set[str]) -> SchedulerOutput:
     return replace(out, cont=[c for c in out.cont if c.request_id not in voided])
 
 
-def _written_by(out: SchedulerOutput, request_ids: set[str]) -> set[BlockHashPair]:
+def written_by(out: SchedulerOutput, request_ids: set[str]) -> set[BlockHashPair]:
     items = chain(out.new, out.cont)
     return {pair for item in items if item.request_id in request_ids for pair in item.written}
 
 
-def _ids(out: SchedulerOutput) -> set[str]:
+def plan_ids(out: SchedulerOutput) -> set[str]:
     return {item.request_id for item in chain(out.new, out.cont)}
 
 
 def _short(block_hash: bytes | None) -> str:
     return "nothing" if block_hash is None else block_hash.hex()[:12]
-
-
-@dataclass
-class Harness:
-    """A scheduler and its fake worker, stepped together."""
-
-    sched: Scheduler
-    worker: FakeWorker
-    updates: list[RequestUpdate] = field(default_factory=list)
-    last: SchedulerOutput | None = None
-    pending: list[SchedulerOutput] = field(default_factory=list)  # planned, not applied yet
-    # per pending plan (by id): writes that failed after it was planned (see FakeWorker.run)
-    excused: dict[int, frozenset[BlockHashPair]] = field(default_factory=dict)
-
-    @classmethod
-    def build(cls, kv: bool = True, **overrides: object) -> Harness:
-        cfg = config(kv=kv, **overrides)
-        return cls(Scheduler(cfg), FakeWorker(cfg.block_size, kv=kv))
-
-    def add(self, *requests: Request) -> None:
-        for r in requests:
-            self.worker.requests[r.request_id] = r
-            self.sched.add_request(r)
-
-    @property
-    def in_flight(self) -> bool:
-        self._prune()
-        return bool(self.pending)
-
-    def _prune(self) -> None:
-        """Forgets plans a test applied itself (update_from_output called directly)."""
-        live = self.sched._in_flight  # an empty plan is never sent: nothing to run or apply
-        self.pending = [o for o in self.pending if any(o is x for x in live)]
-
-    def plan(self) -> SchedulerOutput:
-        self._prune()
-        self.last = self.sched.schedule()
-        self.pending.append(self.last)
-        self.updates.extend(self.last.finished)
-        return self.last
-
-    def finish_step(self, **inject: object) -> list[RequestUpdate]:
-        """The worker runs the oldest plan in flight; its result is applied."""
-        self._prune()
-        if not self.pending:
-            return []
-        out = self.pending.pop(0)
-        excused = self.excused.pop(id(out), frozenset())
-        result = self.worker.run(out, excused=excused, **inject)  # type: ignore[arg-type]
-        failed = _written_by(out, set(result.errored) | set(result.stale_request_ids))
-        removed = set(result.removed_block_ids)
-        for later in self.pending:  # planned before this failure or removal was reported
-            claims = {pair for new in later.new for pair in new.claimed if pair[0] in removed}
-            self.excused[id(later)] = self.excused.get(id(later), frozenset()) | failed | claims
-        updates = self.sched.update_from_output(out, result)
-        self.updates.extend(updates)
-        return updates
-
-    def check_cache(self) -> None:
-        """The worker holds what every cached hash names, except blocks that plans still in
-        flight declare (the worker has not run them yet)."""
-        if isinstance(self.sched.kv, KVCacheManager):
-            ahead = {b for out in self.pending for b in _written_by(out, _ids(out))}
-            cached = self.kv.pool.cached.items()
-            self.worker.check_cache(
-                (b.block_id, h) for h, b in cached if (b.block_id, h) not in ahead
-            )
-
-    def step(self, **inject: object) -> SchedulerOutput:
-        out = self.plan()
-        self.finish_step(**inject)
-        return out
-
-    def run_to_idle(self, max_steps: int = 500) -> None:
-        for _ in range(max_steps):
-            if not self.sched.has_unfinished():
-                return
-            self.step()
-        waiting = [(r.request_id, r.num_tokens, r.status) for r in self.sched.waiting]
-        running = [(r.request_id, r.num_tokens, r.num_computed_tokens) for r in self.sched.running]
-        raise AssertionError(
-            f"the scheduler did not reach idle: waiting {waiting}, running {running}, "
-            f"{self.sched.snapshot()}, config {self.sched.config}"
-        )
-
-    # -- views for exact assertions -------------------------------------------------------
-
-    @property
-    def kv(self) -> KVCacheManager:
-        assert isinstance(self.sched.kv, KVCacheManager)
-        return self.sched.kv
-
-    def table(self, rid: str) -> list[int]:
-        return self.sched.kv.block_ids(rid) if self.sched.kv.has_table(rid) else []
-
-    def free_queue(self) -> list[int]:
-        return [b.block_id for b in self.kv.pool.free_queue]
-
-    def refs(self) -> list[int]:
-        return [b.ref_cnt for b in self.kv.pool.blocks]
-
-    def cached(self) -> list[int]:
-        return sorted(b.block_id for b in self.kv.pool.cached.values())
-
-    def removal_sources(self, block_ids: Iterable[int]) -> list[str | None]:
-        """Why each block last lost its hash."""
-        return [self.kv.pool.blocks[b].removal_source for b in block_ids]
-
-    def outputs(self, rid: str) -> list[int]:
-        return [t for u in self.updates if u.request_id == rid for t in u.new_token_ids]
-
-    def finish_of(self, rid: str) -> RequestUpdate | None:
-        ends = [u for u in self.updates if u.request_id == rid and u.finish_reason is not None]
-        assert len(ends) <= 1, f"{rid} finished {len(ends)} times"
-        return ends[0] if ends else None

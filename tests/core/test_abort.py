@@ -3,7 +3,7 @@
 import pytest
 
 from scheduler_svc.core import FinishReason, RequestStatus
-from tests.core.fakes import Harness, request
+from tests.core.harness import Harness, request
 
 STATES = ["waiting", "mid_prefill", "decoding", "preempted", "finished", "unknown"]
 

@@ -1,7 +1,7 @@
 """Admission: the atomic allocation, its failure branches, and what a lookup may be trusted for."""
 
 from scheduler_svc.core import RequestStatus
-from tests.core.fakes import Harness, request
+from tests.core.harness import Harness, request
 
 A = list(range(0, 8))  # two full blocks of 4
 B = list(range(50, 58))
@@ -272,38 +272,3 @@ def test_prompt_logprob_requests_skip_the_cache_but_still_fill_it(kv: bool) -> N
     assert new.num_computed_tokens == (8 if kv else 0)
     assert h.sched.stats.prefix_cache_queries == (9 if kv else 0)
     h.run_to_idle()
-
-
-def test_waiting_requests_are_served_in_policy_order(kv: bool) -> None:
-    for policy, expected in (("fcfs", ["a", "b", "c"]), ("priority", ["c", "a", "b"])):
-        h = Harness.build(kv, scheduling_policy=policy, max_num_seqs=1)
-        h.add(
-            request("a", [1, 2], max_tokens=1, priority=1),
-            request("b", [3, 4], max_tokens=1, priority=2),
-            request("c", [5, 6], max_tokens=1, priority=0),
-        )
-        order = []
-        while h.sched.has_unfinished():
-            order += [n.request_id for n in h.step().new]
-        assert order == expected
-
-
-def test_snapshot_reports_counters_and_live_gauges(kv: bool) -> None:
-    h = Harness.build(kv)
-    h.add(request("a", range(10), max_tokens=3), request("b", range(10), max_tokens=3))
-    h.step()
-    snap = h.sched.snapshot()
-    assert (snap.num_running, snap.num_waiting, snap.tracker_entries) == (2, 0, 2)
-    if kv:
-        # a holds 0, 1, 2; b shares 0, 1 and has its own partial block 3
-        assert (snap.blocks_total, snap.blocks_in_use, snap.blocks_cached) == (8, 4, 2)
-        assert snap.usage == 0.5
-        assert (snap.prefix_cache_queries, snap.prefix_cache_hits) == (20, 8)
-    else:
-        assert (snap.blocks_total, snap.blocks_in_use, snap.usage) == (0, 0, 0.0)
-    assert h.outputs("a") == h.outputs("b") == [1010]  # one token each: 2 generated
-    h.run_to_idle()
-    snap = h.sched.snapshot()
-    assert (snap.num_running, snap.blocks_in_use, snap.tracker_entries) == (0, 0, 0)
-    assert h.finish_of("a").finish_reason == h.finish_of("b").finish_reason == "length"
-    assert snap.entries_released["finished"] == 2

@@ -5,8 +5,9 @@ the same with random arrivals, aborts, faults and worker loss (LedgerAhead*)."""
 
 from __future__ import annotations
 
-from scheduler_svc.core import FinishReason
-from tests.core.fakes import FakeWorker, Harness, Scheduler, config, request
+from scheduler_svc.core import FinishReason, Scheduler
+from tests.core.fakes import FakeWorker
+from tests.core.harness import Harness, config, has_unfinished, request
 
 
 def ahead(**overrides: object) -> Harness:
@@ -39,7 +40,7 @@ def test_a_decode_step_is_planned_on_the_token_still_being_sampled():
     r = h.sched.requests["r"]
     assert (r.num_tokens, r.num_computed_tokens, r.num_placeholders) == (6, 7, 2)
     assert first.new[0].samples
-    while h.sched.has_unfinished() or h.in_flight:
+    while has_unfinished(h.sched) or h.in_flight:
         if len(h.pending) < 2:
             h.plan()
         h.finish_step()

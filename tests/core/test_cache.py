@@ -6,7 +6,8 @@ import pytest
 
 from scheduler_svc.core import Scheduler, sha256_block_hash
 from scheduler_svc.core.block_hash import BlockHash, ExtraKeys
-from tests.core.fakes import FakeWorker, Harness, config, request
+from tests.core.fakes import FakeWorker
+from tests.core.harness import Harness, config, request
 
 A = list(range(0, 8))
 

@@ -10,7 +10,7 @@ import pytest
 from scheduler_svc.core import Request, RequestStatus
 from scheduler_svc.core.fair import FairQueue, fair_order, seat_for
 from scheduler_svc.core.waiting_queue import FCFSQueue
-from tests.core.fakes import Harness, request
+from tests.core.harness import Harness, has_unfinished, request
 
 
 def arrived(rid: str, tenant: str, index: int) -> Request:
@@ -26,7 +26,7 @@ def ids(requests: list[Request]) -> list[str]:
 def admissions(h: Harness) -> list[str]:
     """Every admission, in order, until the ledger is idle."""
     order = []
-    while h.sched.has_unfinished():
+    while has_unfinished(h.sched):
         order += [n.request_id for n in h.step().new]
     return order
 

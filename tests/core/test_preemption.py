@@ -1,7 +1,7 @@
 """Preemption by recompute: who is chosen, what is released, and that it always ends."""
 
 from scheduler_svc.core import RequestStatus
-from tests.core.fakes import Harness, request
+from tests.core.harness import Harness, request
 
 
 def test_self_preemption_requeues_at_the_front_and_never_livelocks(kv: bool) -> None:

@@ -5,6 +5,11 @@ The fake worker holds the truth about every block's content, so any stale claim 
 through fails at once, and so does any refusal no injected fault explains; between steps every
 cached hash must name what its block holds; the invariant checker runs after every operation;
 at the end the ledger is run to idle and must be empty.
+
+Why this file is longer than the project's ~300 lines: it is one hypothesis state machine. Its
+rules, invariants and the model state they share (the harness, the arrivals, what was aborted
+or drained) only make sense together, and hypothesis needs them on one class; the variants at
+the end are that machine under each configuration.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from scheduler_svc.core import Request, RequestStatus, Scheduler, SchedulerOutpu
 from scheduler_svc.core.block_hash import extend_chain, request_extra_keys
 from scheduler_svc.core.kv_block import KVBlock
 from scheduler_svc.core.kv_cache_interface import CacheLookup
-from tests.core.fakes import FakeWorker, Harness, config
+from tests.core.fakes import FakeWorker
+from tests.core.harness import Harness, config
 
 PREFIXES = [[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9], [7] * 6]
 EOS = 0

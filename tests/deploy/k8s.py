@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvledger.flags import FRONTEND, SCHEDULER, WORKER
+from kvledger.flags import DEFAULT_METRICS_PORT, FRONTEND, SCHEDULER, WORKER
 from tests.deploy.tools import REPO, run
 
 K8S = REPO / "deploy" / "k8s"
@@ -31,6 +31,7 @@ SECRET = "kvledger-secrets"  # the operator creates it (docs/operations.md); nev
 KUBERNETES_VERSIONS = ("1.29.0", "1.32.0", "1.37.0")
 MODULE_SERVICE = {"server": FRONTEND, "scheduler_svc": SCHEDULER, "worker": WORKER}
 SCHEDULER_DEPLOYMENT = "kvledger-scheduler"
+FRONTEND_DEPLOYMENT = "kvledger-frontend"
 
 
 def kubectl() -> str:
@@ -94,10 +95,6 @@ def main() -> None:
     print(f"wrote {PROMETHEUS_RULE.relative_to(REPO)}")
 
 
-if __name__ == "__main__":
-    main()
-
-
 # ---- helpers over a rendered Deployment (test_k8s.py, test_k8s_tls.py)
 
 
@@ -130,3 +127,39 @@ def named_port(deployment: dict[str, Any], port: int | str) -> int:
     ports = {p["name"]: p["containerPort"] for p in container(deployment).get("ports", [])}
     assert port in ports, f"{deployment['metadata']['name']}: no container port {port!r}"
     return ports[port]
+
+
+def deployments(overlay: str) -> dict[str, dict[str, Any]]:
+    return objects(overlay, "Deployment")
+
+
+def metrics_port(deployment: dict[str, Any]) -> int:
+    value = env_values(deployment).get("KVLEDGER_METRICS_PORT")
+    if value is None:
+        return DEFAULT_METRICS_PORT[service_of(deployment)]
+    return int(value)
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
+    return deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def services_of(overlay: str, deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        s
+        for s in objects(overlay, "Service").values()
+        if selects(s["spec"]["selector"], pod_labels(deployment))
+    ]
+
+
+def service_target(deployment: dict[str, Any], svc: dict[str, Any], port_name: str) -> int:
+    [port] = [p for p in svc["spec"]["ports"] if p["name"] == port_name]
+    return named_port(deployment, port.get("targetPort", port["port"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,152 +1,56 @@
 """deploy/k8s/: each overlay renders with `kubectl kustomize`, every object validates against
-the Kubernetes schemas (kubernetes-validate, offline), the Prometheus Operator objects are
-checked by structure and against deploy/prometheus/, and each Deployment's command, ports,
-probes and environment agree with the services' own flags (kvledger/flags.py) and with the
-same service in docker-compose.yml."""
+the Kubernetes schemas (kubernetes-validate, offline), and each Deployment's command, ports,
+probes, secrets, resources and environment agree with the services' own flags
+(kvledger/flags.py). Against docker-compose.yml: test_k8s_compose.py; the Prometheus Operator
+objects: test_k8s_monitoring.py."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
 
-from kvledger.config.worker import CPU_KV_CACHE_BYTES
-from kvledger.flag_values import env_default
-from kvledger.flags import DEFAULT_METRICS_PORT, FRONTEND, SCHEDULER, WORKER, flags_for
+from kvledger.flags import FRONTEND, SCHEDULER, WORKER, flags_for
 from tests.deploy.k8s import (
     CRD_KINDS,
+    FRONTEND_DEPLOYMENT,
     KUBERNETES_VERSIONS,
     OVERLAYS,
-    PROMETHEUS_RULE,
     SCHEDULER_DEPLOYMENT,
     SECRET,
     TLS_OVERLAYS,
-    alert_groups,
     container,
+    deployments,
     env_entries,
     env_values,
+    metrics_port,
     named_port,
     objects,
-    prometheus_rule,
-    prometheus_rule_text,
+    pod_labels,
     render,
+    selects,
     service_of,
+    service_target,
+    services_of,
 )
 from tests.deploy.tools import REPO
 
 NON_FLAG_ENV = {"KVLEDGER_CACHE_DIR"}  # the model cache directory (kvledger/models.py)
-# Defaults that a flag defaulting to None stands for on a CPU worker (kvledger/config/worker.py).
-EFFECTIVE_DEFAULT = {"KVLEDGER_KV_CACHE_MEMORY_BYTES": CPU_KV_CACHE_BYTES}
-# Set even where they equal the default: the ports are those the containerPorts, Services and
-# probes name, and the model is the one the frontend's KVLEDGER_REQUIRE_MODEL waits for.
-PINNED = {
-    "KVLEDGER_PORT",
-    "KVLEDGER_GRPC_PORT",
-    "KVLEDGER_METRICS_PORT",
-    "KVLEDGER_MODEL",
-    "KVLEDGER_SERVED_MODEL_NAME",
-}
 IMAGE_UID = 1000  # the user `kvledger` of both Dockerfiles
 
-FRONTEND_DEPLOYMENT = "kvledger-frontend"
 DEPLOYMENTS = {
     SCHEDULER_DEPLOYMENT,
     "kvledger-worker",
     "kvledger-embedding-worker",
     FRONTEND_DEPLOYMENT,
 }
-# Each Deployment's twin in docker-compose.yml, per overlay.
-COMPOSE_TWIN = {
-    "cpu": {
-        SCHEDULER_DEPLOYMENT: "scheduler",
-        "kvledger-worker": "worker",
-        "kvledger-embedding-worker": "embedding-worker",
-        FRONTEND_DEPLOYMENT: "frontend",
-    },
-    "gpu": {
-        SCHEDULER_DEPLOYMENT: "scheduler",
-        "kvledger-worker": "worker-gpu",
-        "kvledger-embedding-worker": "embedding-worker",
-        FRONTEND_DEPLOYMENT: "frontend",
-    },
-}
-COMPOSE_TWIN["cpu-tls"] = COMPOSE_TWIN["cpu"]
-# Where Kubernetes differs from compose on purpose: JSON logs for the cluster's log stack
-# (added); the API key is required (a Secret; optional in compose); the scheduler's address is
-# its Service, a worker's id its pod's name (compose's CPU worker sets none: each replica of
-# `--scale` names itself), and every worker pod has its own IP, so the CUDA worker keeps the
-# workers' metrics port (compose gives it 9403 beside the others on one host).
-K8S_ONLY_ENV = {"KVLEDGER_LOG_FORMAT"}
-DIFFERENT_VALUE = {
-    "KVLEDGER_SCHEDULER",
-    "KVLEDGER_WORKER_ID",
-    "KVLEDGER_METRICS_PORT",
-    "KVLEDGER_API_KEY",
-}
-# The component grpc-tls adds these (compose stays plaintext); only in its overlays.
-TLS_ENV = {"KVLEDGER_GRPC_TLS_CERT", "KVLEDGER_GRPC_TLS_KEY", "KVLEDGER_GRPC_TLS_CA"}
 # The frontend's keys must be set: a cluster Service is reachable by every pod of the cluster.
 REQUIRED_SECRETS = {
     SCHEDULER: {"KVLEDGER_WORKER_AUTH_TOKEN", "KVLEDGER_FRONTEND_AUTH_TOKEN"},
     WORKER: {"KVLEDGER_WORKER_AUTH_TOKEN"},
     FRONTEND: {"KVLEDGER_FRONTEND_AUTH_TOKEN", "KVLEDGER_API_KEY"},
 }
-COMPOSE_VAR = re.compile(r"\$\{(\w+)(?::?([-?])([^}]*))?\}")
-
-
-# ---- helpers over the rendered objects
-
-
-def deployments(overlay: str) -> dict[str, dict[str, Any]]:
-    return objects(overlay, "Deployment")
-
-
-def metrics_port(deployment: dict[str, Any]) -> int:
-    value = env_values(deployment).get("KVLEDGER_METRICS_PORT")
-    if value is None:
-        return DEFAULT_METRICS_PORT[service_of(deployment)]
-    return int(value)
-
-
-def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
-
-
-def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
-    return deployment["spec"]["template"]["metadata"]["labels"]
-
-
-def services_of(overlay: str, deployment: dict[str, Any]) -> list[dict[str, Any]]:
-    return [
-        s
-        for s in objects(overlay, "Service").values()
-        if selects(s["spec"]["selector"], pod_labels(deployment))
-    ]
-
-
-def service_target(deployment: dict[str, Any], svc: dict[str, Any], port_name: str) -> int:
-    [port] = [p for p in svc["spec"]["ports"] if p["name"] == port_name]
-    return named_port(deployment, port.get("targetPort", port["port"]))
-
-
-def compose_services() -> dict[str, dict[str, Any]]:
-    return yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
-
-
-def compose_env(name: str) -> dict[str, str]:
-    """A compose service's environment with `${VAR:-default}` read as its default; a required
-    `${VAR:?...}` (the secrets) as None."""
-    out = {}
-    for key, raw in compose_services()[name]["environment"].items():
-        match = COMPOSE_VAR.fullmatch(str(raw))
-        if match is not None and match.group(2) == "?":
-            out[key] = None
-        else:
-            out[key] = COMPOSE_VAR.sub(lambda m: m.group(3) or "", str(raw))
-    return out
 
 
 # ---- rendering and schemas
@@ -182,7 +86,7 @@ def test_every_object_validates_against_the_kubernetes_schemas(overlay, version)
     assert checked == len(render(overlay)) - len(CRD_KINDS)
 
 
-# ---- commands, environment and secrets against the flags and compose
+# ---- commands, environment and secrets against the flags
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -227,47 +131,6 @@ def test_each_secret_is_one_key_shared_by_every_service_that_needs_it(overlay):
     docs = (REPO / "docs" / "operations.md").read_text()
     for key in ("worker-auth-token", "frontend-auth-token", "api-keys"):
         assert f"--from-literal={key}=" in docs, f"operations.md: how to create {SECRET}/{key}"
-
-
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_same_shape_as_docker_compose(overlay):
-    for name, twin in COMPOSE_TWIN[overlay].items():
-        dep = deployments(overlay)[name]
-        ours = {k for k in env_entries(dep) if k.startswith("KVLEDGER_")}
-        theirs = compose_env(twin)
-        k8s_only = K8S_ONLY_ENV | (TLS_ENV if overlay in TLS_OVERLAYS else set())
-        k8s_only |= {"KVLEDGER_WORKER_ID"} - set(theirs)
-        assert compose_services()[twin]["command"] == container(dep)["command"], name
-        # compose may restate a default that the manifests leave out
-        restated = {k for k, v in theirs.items() if k not in PINNED and _is_default(dep, k, v)}
-        assert set(theirs) - restated <= ours - k8s_only <= set(theirs), f"{name} vs {twin}"
-        values = env_values(dep)
-        for key, value in theirs.items():
-            if value is None:  # required in compose: a secret
-                assert key not in values, f"{name}: {key} comes from the Secret"
-            elif key not in DIFFERENT_VALUE and key in values:
-                assert values[key] == value, f"{name}: {key} differs from compose {twin}"
-
-
-def _is_default(dep: dict, key: str, value: str | None) -> bool:
-    """The variable's value is what its flag gives anyway (read as the flag reads it)."""
-    flag = {f.env_var: f for f in flags_for(service_of(dep))}.get(key)
-    if flag is None or value is None:
-        return False
-    return env_default(flag, {key: value}) == EFFECTIVE_DEFAULT.get(key, flag.default)
-
-
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_no_variable_restates_its_flags_default(overlay):
-    """Set only what differs from the default, so that a changed default is not silently
-    pinned here; PINNED says which values other objects of the manifests depend on."""
-    for name, dep in deployments(overlay).items():
-        restated = [
-            key
-            for key, value in env_values(dep).items()
-            if key not in PINNED and _is_default(dep, key, value)
-        ]
-        assert restated == [], f"{name} restates the default of {restated}"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -318,14 +181,6 @@ def test_addresses_ports_probes_and_services_agree(overlay):
                     "/metrics",
                     metrics_port(dep),
                 ), f"{name} {probe}: the metrics endpoint answers once the model is loaded"
-
-
-def test_metrics_ports_match_compose_and_the_defaults():
-    deps = deployments("cpu")
-    assert metrics_port(deps[SCHEDULER_DEPLOYMENT]) == DEFAULT_METRICS_PORT[SCHEDULER]
-    assert metrics_port(deps["kvledger-worker"]) == DEFAULT_METRICS_PORT[WORKER]
-    for name, twin in COMPOSE_TWIN["cpu"].items():
-        assert str(metrics_port(deps[name])) == compose_env(twin)["KVLEDGER_METRICS_PORT"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -438,47 +293,3 @@ def test_cpu_overlay_asks_for_no_gpu(overlay):
         assert _gpus(dep) == {"requests": None, "limits": None}, name
         assert "kvledger-cpu" in container(dep)["image"], name
         assert env_values(dep).get("KVLEDGER_DEVICE", "cpu") == "cpu", name
-
-
-# ---- the Prometheus Operator's objects (custom resources: no schema to validate against)
-
-
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_service_monitor_scrapes_every_services_metrics_port(overlay):
-    [sm] = objects(overlay, "ServiceMonitor").values()
-    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
-    assert set(sm["spec"]) <= {"selector", "endpoints", "namespaceSelector", "jobLabel"}
-    selector = sm["spec"]["selector"]["matchLabels"]
-    [endpoint] = sm["spec"]["endpoints"]
-    assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout"}
-    assert endpoint["path"] == "/metrics"
-    assert re.fullmatch(r"\d+s", endpoint["interval"])
-    selected = {
-        n: s
-        for n, s in objects(overlay, "Service").items()
-        if selects(selector, s["metadata"]["labels"])
-    }
-    for name, dep in deployments(overlay).items():
-        [svc] = services_of(overlay, dep)
-        assert svc["metadata"]["name"] in selected, f"{name} is not scraped"
-        assert service_target(dep, svc, endpoint["port"]) == metrics_port(dep), name
-
-
-def test_prometheus_rule_is_generated_from_the_alert_rules():
-    assert PROMETHEUS_RULE.read_text() == prometheus_rule_text(), (
-        f"{PROMETHEUS_RULE.relative_to(REPO)} is stale: run `python -m tests.deploy.k8s`"
-    )
-
-
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_prometheus_rule_carries_exactly_the_alert_rules(overlay):
-    [rule] = objects(overlay, "PrometheusRule").values()
-    expected = prometheus_rule()
-    assert (rule["apiVersion"], rule["kind"]) == (expected["apiVersion"], expected["kind"])
-    assert set(rule["spec"]) == {"groups"}
-    assert rule["spec"]["groups"] == alert_groups()
-    for group in rule["spec"]["groups"]:
-        assert set(group) <= {"name", "interval", "rules"}
-        for r in group["rules"]:
-            assert set(r) <= {"alert", "expr", "for", "labels", "annotations"}, r
-            assert r["alert"] and r["expr"] and r["labels"]["severity"], r

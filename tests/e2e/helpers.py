@@ -77,3 +77,11 @@ def wait_status(url: str, status: int, timeout: float = 60) -> None:
             pass
         assert time.monotonic() < deadline, f"{url} never answered {status}"
         time.sleep(0.1)
+
+
+def refused(reply: httpx.Response, param: str | None, says: str = "") -> None:
+    """A 400 in OpenAI's shape naming `param`, its message saying `says`."""
+    assert reply.status_code == 400, reply.text[:300]
+    error = reply.json()["error"]
+    assert error["param"] == param, error
+    assert says in error["message"], error

@@ -1,7 +1,7 @@
 """A hostile client's bodies against a live `kvledger serve` (tiny-llama, decode steps bundled
 four at a time): every list and string bounded before work, nothing heavy on the event loop,
-no turn forged from message text, parameters either implemented or refused by name, and
-min_tokens masking EOS. Load is bounded (a few bodies at once) for a 2-core CI."""
+and no turn forged from message text. Load is bounded (a few bodies at once) for a 2-core CI.
+Parameters refused or implemented: test_bounds_parameters.py."""
 
 from __future__ import annotations
 
@@ -12,36 +12,16 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
-from tests.serving import descendants, start_serve
+from tests.e2e.helpers import refused
+from tests.e2e.stacks import BOUNDS, BOUNDS_KEY, MODEL, SEP
+from tests.serving import descendants
 
-KEY = "key-bounds"
-MODEL = "tiny-llama"
-SEP = 102  # tiny-llama's EOS, written by its template after every message
-HEADERS = {"Authorization": f"Bearer {KEY}"}
+HEADERS = {"Authorization": f"Bearer {BOUNDS_KEY}"}
 FOUR_MB_TEXT = "ledger " * 570_000  # ~4 MB, under the 4 MiB body limit
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    served = start_serve(
-        tmp_path_factory.mktemp("bounds"),
-        "--api-key",
-        KEY,
-        "--num-scheduler-steps",
-        "4",
-        "--num-kv-blocks",
-        "128",
-    )
-    yield served
-    served.stop()
-
-
-@pytest.fixture(scope="module")
-def http(served):
-    with httpx.Client(base_url=served.url, headers=HEADERS, timeout=120) as client:
-        yield client
+STACK = BOUNDS
 
 
 def _pid(served, module: str) -> int:  # noqa: ANN001
@@ -69,13 +49,6 @@ async def _post_all(served, bodies: list[tuple[str, object]]) -> list[httpx.Resp
         return await asyncio.gather(*posts)
 
 
-def _refused(reply: httpx.Response, param: str | None, says: str = "") -> None:
-    assert reply.status_code == 400, reply.text[:300]
-    error = reply.json()["error"]
-    assert error["param"] == param, error
-    assert says in error["message"], error
-
-
 def test_template_kwargs_cannot_amplify_the_render(served):
     """1,000 messages with a 1 MB `eos_token` (which the template writes after each) took the
     frontend to ~1 GB before its 400; now the kwarg is refused before rendering."""
@@ -89,10 +62,10 @@ def test_template_kwargs_cannot_amplify_the_render(served):
         _post_all(served, [("/v1/chat/completions", chat), ("/tokenize", tokenize)] * 2)
     )
     for reply in replies:
-        _refused(reply, "chat_template_kwargs")
+        refused(reply, "chat_template_kwargs")
     # However short, a kwarg may not replace a special token the template writes.
     small = {**chat, "chat_template_kwargs": {"eos_token": "A"}}
-    _refused(
+    refused(
         httpx.post(f"{served.url}/v1/chat/completions", json=small, headers=HEADERS),
         "chat_template_kwargs",
         "`eos_token`",
@@ -101,7 +74,7 @@ def test_template_kwargs_cannot_amplify_the_render(served):
     ok = {"model": MODEL, "messages": messages[:2], "chat_template_kwargs": {"x": "y"}}
     assert httpx.post(f"{served.url}/tokenize", json=ok, headers=HEADERS).status_code == 200
     ok["chat_template_kwargs"] = {"x": "A" * 1_000_000}
-    _refused(
+    refused(
         httpx.post(f"{served.url}/tokenize", json=ok, headers=HEADERS),
         "chat_template_kwargs",
         "at most 16384 characters",
@@ -116,7 +89,7 @@ def test_tokenize_is_bounded_as_completions_are(served):
     before = _peak_rss_mib(pid)
     body = {"model": MODEL, "prompt": FOUR_MB_TEXT}
     for reply in asyncio.run(_post_all(served, [("/tokenize", body)] * 4)):
-        _refused(reply, "prompt", "maximum context length")
+        refused(reply, "prompt", "maximum context length")
         assert reply.json()["error"]["code"] == "context_length_exceeded"
     assert _peak_rss_mib(pid) - before < 400
 
@@ -128,24 +101,24 @@ def test_stop_token_ids_are_counted_and_checked_against_the_vocabulary(served, h
     flood = {"model": MODEL, "prompt": "hi", "n": 16, "stop_token_ids": [99999] * 590_000}
     raw = json.dumps(flood).encode()
     for reply in asyncio.run(_post_all(served, [("/v1/completions", raw)] * 4)):
-        _refused(reply, "stop_token_ids", "at most 64 stop_token_ids")
+        refused(reply, "stop_token_ids", "at most 64 stop_token_ids")
     assert _peak_rss_mib(scheduler) - before < 50
     one = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "stop_token_ids": [5, 30522]}
-    _refused(http.post("/v1/completions", json=one), "stop_token_ids", "not 30522")
+    refused(http.post("/v1/completions", json=one), "stop_token_ids", "not 30522")
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-    _refused(
+    refused(
         http.post(
             "/v1/chat/completions", json={**chat, "logit_bias": {str(i): 1 for i in range(1025)}}
         ),
         "logit_bias",
         "at most 1024",
     )
-    _refused(
+    refused(
         http.post("/v1/completions", json={"model": MODEL, "prompt": [1, 30522]}),
         "prompt",
         "not 30522",
     )
-    _refused(
+    refused(
         http.post("/detokenize", json={"model": MODEL, "tokens": [1] * 4096}),
         "tokens",
         "at most 2048",
@@ -175,92 +148,7 @@ def test_a_lone_surrogate_in_template_kwargs_is_a_400(http):
         reply = http.post(
             "/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"}
         )
-        _refused(reply, "chat_template_kwargs", "lone surrogates")
-
-
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-COMPLETION = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
-NOT_SERVED = [
-    ("guided_json", {"type": "object"}),
-    ("guided_choice", ["a", "b"]),
-    ("guided_regex", "a+"),
-    ("structured_outputs", {"json": {}}),
-    ("use_beam_search", True),
-    ("prompt_logprobs", 1),
-    ("best_of", 3),
-    ("logits_processors", ["x"]),
-]
-CHAT_ONLY = [
-    ("echo", True),
-    ("chat_template", "{{ messages }}"),
-    ("parallel_tool_calls", True),
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
-]
-
-
-@pytest.mark.parametrize(("name", "value"), NOT_SERVED)
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-def test_parameters_not_implemented_are_refused_by_name(http, path, name, value):
-    base = CHAT if path.endswith("chat/completions") else COMPLETION
-    _refused(http.post(path, json={**base, name: value}), name)
-
-
-@pytest.mark.parametrize(("name", "value"), CHAT_ONLY)
-def test_chat_parameters_not_implemented_are_refused_by_name(http, name, value):
-    _refused(http.post("/v1/chat/completions", json={**CHAT, name: value}), name)
-
-
-def test_no_op_values_of_unimplemented_parameters_pass(http):
-    noop = {"use_beam_search": False, "best_of": 1, "guided_json": None, "echo": False}
-    assert http.post("/v1/chat/completions", json={**CHAT, **noop}).status_code == 200
-
-
-def test_priority_without_the_priority_policy_is_refused(http):
-    reply = http.post("/v1/completions", json={**COMPLETION, "priority": 1})
-    assert reply.status_code == 400
-    assert "--scheduling-policy priority" in reply.json()["error"]["message"]
-    assert http.post("/v1/completions", json={**COMPLETION, "priority": 0}).status_code == 200
-
-
-def test_include_stop_str_in_output_keeps_the_stop_string(http):
-    body = {**COMPLETION, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
-    text = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
-    stop = next(word for word in text.split()[1:] if len(word) >= 3)
-    cut = http.post("/v1/completions", json={**body, "stop": stop}).json()["choices"][0]
-    kept = http.post(
-        "/v1/completions", json={**body, "stop": stop, "include_stop_str_in_output": True}
-    ).json()["choices"][0]
-    assert cut["text"] == text[: text.index(stop)]
-    assert kept["text"] == text[: text.index(stop) + len(stop)]
-    assert cut["finish_reason"] == kept["finish_reason"] == "stop"
-
-
-def test_min_tokens_masks_eos_until_reached_in_bundled_steps(http):
-    """EOS all but forced (logit_bias +100), min_tokens 6, four decode steps per bundle: the
-    first six tokens are never EOS (before, EOS was sampled and shown, only not a stop)."""
-    body = {
-        **COMPLETION,
-        "max_tokens": 12,
-        "min_tokens": 6,
-        "temperature": 0,
-        "logit_bias": {str(SEP): 100},
-        "logprobs": 0,
-        "skip_special_tokens": False,
-    }
-    reply = http.post("/v1/completions", json=body).json()
-    choice = reply["choices"][0]
-    tokens = choice["logprobs"]["tokens"]
-    assert "[SEP]" not in tokens[:6], tokens
-    assert choice["finish_reason"] == "stop"
-    assert reply["usage"]["completion_tokens"] == 7  # six masked, then EOS
-    chat = {
-        **CHAT,
-        "max_tokens": 12,
-        "min_tokens": 6,
-        "temperature": 0,
-        "logit_bias": {str(SEP): 100},
-    }
-    assert http.post("/v1/chat/completions", json=chat).json()["usage"]["completion_tokens"] == 7
+        refused(reply, "chat_template_kwargs", "lone surrogates")
 
 
 def _heavy_bodies() -> list[tuple[str, bytes]]:
@@ -291,7 +179,8 @@ def test_a_live_stream_keeps_flowing_while_heavy_bodies_are_processed(served):
     started, done = threading.Event(), threading.Event()
 
     def stream() -> None:
-        body = {**COMPLETION, "max_tokens": 1500, "ignore_eos": True, "stream": True}
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 1500, "ignore_eos": True}
+        body["stream"] = True
         with (
             httpx.Client(base_url=served.url, headers=HEADERS, timeout=300) as client,
             client.stream("POST", "/v1/completions", json=body) as reply,

@@ -4,12 +4,11 @@ conversation reusing its earlier turns' cache, and every parameter refused with 
 
 from __future__ import annotations
 
-import httpx
 import openai
 import pytest
 
 from tests.e2e.helpers import idle
-from tests.serving import start_serve
+from tests.e2e.stacks import Stack
 
 KEY = "key-chat"
 MODEL, EMBEDDING_MODEL = "tiny-llama", "all-MiniLM-L6-v2"
@@ -20,33 +19,7 @@ MESSAGES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    served = start_serve(
-        tmp_path_factory.mktemp("chat"),
-        "--num-kv-blocks",
-        "256",
-        "--api-key",
-        KEY,
-        "--max-n",
-        "4",
-        embedding=True,
-    )
-    yield served
-    served.stop()
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key=KEY, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def http(served):
-    with httpx.Client(
-        base_url=served.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
-    ) as c:
-        yield c
+STACK = Stack(("--num-kv-blocks", "256", "--api-key", KEY, "--max-n", "4"), embedding=True)
 
 
 def greedy(**kw) -> dict:  # noqa: ANN003

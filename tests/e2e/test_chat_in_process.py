@@ -1,64 +1,28 @@
 """Chat and model-catalogue edges that need control over the model directories or the order in
 which workers register: the frontend in this process, over a real scheduler service and worker
-links whose model is a stand-in (as in test_frontend_in_process)."""
+links whose model is a stand-in (tests/e2e/stand_in.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
-import threading
-from collections.abc import Iterator
 
-import pytest
-
-from kvledger.models import resolve_model
-from protos import frontend_pb2, worker_pb2
 from server.app import Settings
 from tests.e2e.helpers import with_app
-from tests.service.helpers import PositionRunner, limits_of, wait_for
-from worker.executor import Executor
-from worker.link import WorkerLinkClient
-from worker.metrics import WorkerMetrics
+from tests.e2e.stand_in import EMBED, GENERATE, TINY_LLAMA_VOCAB, stand_in_worker
+from tests.service.helpers import wait_for
 
 USER = [{"role": "user", "content": "Hi there"}]
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> str:
-    return str(resolve_model("tiny-llama"))
-
-
-@contextlib.contextmanager
-def worker(
-    target: str, model: str, path: str, kind: int, tokenizer_path: str = ""
-) -> Iterator[None]:
-    reg = worker_pb2.Registration(
-        worker_id=f"w-{model}", model_name=model, model_path=path, kind=kind, block_size=4,
-        num_blocks=64, max_model_len=256, vocab_size=30522, eos_token_ids=[102],
-        tokenizer_path=tokenizer_path,
-    )  # fmt: skip
-    runner = PositionRunner()
-    runner.limits = limits_of(reg)
-    link = WorkerLinkClient(target, reg, Executor(runner), WorkerMetrics(model, reg.worker_id))
-    thread = threading.Thread(target=link.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        link.stop()
-        thread.join(5)
-
-
-GENERATE, EMBED = frontend_pb2.MODEL_KIND_GENERATE, frontend_pb2.MODEL_KIND_EMBED
 
 
 def test_generative_models_are_listed_first(scheduler, model_dir):
     """Clients that take the first model must get one that generates, whatever the order in
     which workers registered."""
-    with worker(scheduler.target, "a-embedder", model_dir, EMBED):
+    with stand_in_worker(scheduler.target, "a-embedder", model_dir, kind=EMBED, **TINY_LLAMA_VOCAB):
         wait_for(lambda: len(scheduler.engine.links) == 1)
-        with worker(scheduler.target, "z-generator", model_dir, GENERATE):
+        with stand_in_worker(
+            scheduler.target, "z-generator", model_dir, kind=GENERATE, **TINY_LLAMA_VOCAB
+        ):
             wait_for(lambda: len(scheduler.engine.links) == 2)
 
             async def body(app, http):  # noqa: ANN001, ANN202
@@ -73,7 +37,7 @@ def test_generative_models_are_listed_first(scheduler, model_dir):
 def test_chat_template_flag_replaces_the_models_own(scheduler, model_dir, tmp_path):
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}")
-    with worker(scheduler.target, "m", model_dir, GENERATE):
+    with stand_in_worker(scheduler.target, "m", model_dir, kind=GENERATE, **TINY_LLAMA_VOCAB):
         wait_for(lambda: len(scheduler.engine.links) == 1)
 
         async def body(app, http):  # noqa: ANN001, ANN202
@@ -95,7 +59,14 @@ def test_chat_template_flag_replaces_the_models_own(scheduler, model_dir, tmp_pa
 def test_tokenizer_flag_replaces_the_models_own(scheduler, model_dir, tmp_path):
     """--tokenizer DIR: the frontend reads tokenizer and chat template there, not from the
     model's path (here a GGUF file it could not read at all)."""
-    with worker(scheduler.target, "g", str(tmp_path / "gone.gguf"), GENERATE, model_dir):
+    with stand_in_worker(
+        scheduler.target,
+        "g",
+        str(tmp_path / "gone.gguf"),
+        kind=GENERATE,
+        tokenizer_path=model_dir,
+        **TINY_LLAMA_VOCAB,
+    ):
         wait_for(lambda: len(scheduler.engine.links) == 1)
 
         async def body(app, http):  # noqa: ANN001, ANN202
@@ -113,7 +84,7 @@ def test_a_model_without_a_template_is_400_naming_the_flag(scheduler, model_dir,
     bare = tmp_path / "bare"
     bare.mkdir()
     shutil.copyfile(f"{model_dir}/tokenizer.json", bare / "tokenizer.json")
-    with worker(scheduler.target, "bare", str(bare), GENERATE):
+    with stand_in_worker(scheduler.target, "bare", str(bare), kind=GENERATE, **TINY_LLAMA_VOCAB):
         wait_for(lambda: len(scheduler.engine.links) == 1)
 
         async def body(app, http):  # noqa: ANN001, ANN202

@@ -11,7 +11,7 @@ import pytest
 from sentence_transformers import SentenceTransformer
 
 from kvledger.models import embedding_model_path
-from tests.serving import start_serve
+from tests.e2e.stacks import Stack
 
 MODEL = "all-MiniLM-L6-v2"
 SENTENCES = [
@@ -22,16 +22,7 @@ SENTENCES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    served = start_serve(tmp_path_factory.mktemp("embed"), "--num-kv-blocks", "32", embedding=True)
-    yield served
-    served.stop()
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
+STACK = Stack(("--num-kv-blocks", "32"), embedding=True)
 
 
 @pytest.fixture(scope="module")

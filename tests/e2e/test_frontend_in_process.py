@@ -1,75 +1,29 @@
 """The frontend app in this process, over a real scheduler service (gRPC on loopback) and worker
-links whose model is a stand-in (tests/service): the frontend's edges that need control over the
-worker — a step that never returns, logprobs no model would give — or over the model catalogue."""
+links whose model is a stand-in (tests/e2e/stand_in.py): the edges that need control over the
+worker: a step that never returns, a stop string, logprobs no model would give."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import logging
 import math
-import os
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import grpc
-import httpx
 import pytest
 
-from kvledger.models import resolve_model
-from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
-from server import client as client_module
+from protos import frontend_pb2, frontend_pb2_grpc
 from server.app import Settings
 from tests.e2e.helpers import with_app
+from tests.e2e.stand_in import stand_in_worker
 from tests.service.helpers import (
     PositionRunner,
     ledger_idle,
-    limits_of,
-    running_scheduler,
     wait_for,
 )
-from tests.serving import REPO, free_port
 from worker.batch import SeqChunk
-from worker.executor import Executor
-from worker.link import WorkerLinkClient
-from worker.metrics import WorkerMetrics
 from worker.sampler import Sample, TokenLogprobs
-
-UNREADABLE = "/nonexistent/model-dir"
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> str:
-    return str(resolve_model("tiny-llama"))
-
-
-@contextlib.contextmanager
-def worker(target: str, model: str, path: str, runner=None) -> Iterator[None]:  # noqa: ANN001
-    reg = worker_pb2.Registration(
-        worker_id=f"w-{model}",
-        model_name=model,
-        model_path=path,
-        kind=frontend_pb2.MODEL_KIND_GENERATE,
-        block_size=4,
-        num_blocks=64,
-        max_model_len=256,
-        vocab_size=1000,
-        eos_token_ids=[999],
-    )
-    runner = runner or PositionRunner()
-    runner.limits = limits_of(reg)
-    link = WorkerLinkClient(target, reg, Executor(runner), WorkerMetrics(model, reg.worker_id))
-    thread = threading.Thread(target=link.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        link.stop()
-        thread.join(5)
 
 
 def finished(scheduler, reason: str) -> float:  # noqa: ANN001
@@ -90,72 +44,6 @@ def strict_json(text: str):  # noqa: ANN201
         raise ValueError(f"not JSON: {constant}")
 
     return json.loads(text, parse_constant=refuse)
-
-
-# ---- one model whose tokenizer cannot be loaded ----
-
-
-def test_an_unloadable_model_answers_503_and_the_others_keep_serving(
-    scheduler, model_dir, monkeypatch, caplog
-):
-    # Retried on every catalogue refresh here: it is still logged once.
-    monkeypatch.setattr(client_module, "TOKENIZER_RETRY_SECONDS", 0.0)
-    caplog.set_level(logging.INFO, logger="server.client")
-    with worker(scheduler.target, "good", model_dir), worker(scheduler.target, "bad", UNREADABLE):
-        wait_for(lambda: len(scheduler.engine.links) == 2)
-
-        async def body(app, http):  # noqa: ANN001, ANN202
-            del app
-            good = {"model": "good", "prompt": [1, 2, 3], "max_tokens": 2}
-            replies = []
-            for _ in range(3):
-                replies.append(await http.post("/v1/completions", json=good))
-                replies.append(await http.post("/v1/completions", json={**good, "model": "bad"}))
-                replies.append(await http.post("/tokenize", json={"model": "bad", "prompt": "x"}))
-                replies.append(await http.get("/health"))
-            models = (await http.get("/v1/models")).json()
-            return replies, models
-
-        replies, models = asyncio.run(with_app(Settings(scheduler=scheduler.target), body))
-    for completion, bad, tokenize, health in zip(*[iter(replies)] * 4, strict=True):
-        assert completion.status_code == 200, completion.text
-        assert health.status_code == 200
-        for reply in (bad, tokenize):
-            assert reply.status_code == 503, reply.text
-            assert reply.headers["retry-after"]
-            error = reply.json()["error"]
-            assert error["type"] == "service_unavailable"
-            assert error["param"] == "model" and error["code"] == "model_unavailable"
-            assert "`bad`" in error["message"] and "tokenizer" in error["message"]
-            assert UNREADABLE not in error["message"]  # paths stay in the operator's log
-    assert [m["id"] for m in models["data"]] == ["good"]
-    logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(logged) == 1, [r.getMessage() for r in logged]
-    assert "bad" in logged[0].getMessage() and UNREADABLE in logged[0].getMessage()
-
-
-def test_health_is_503_when_a_required_model_cannot_be_loaded(scheduler, model_dir):
-    with worker(scheduler.target, "good", model_dir), worker(scheduler.target, "bad", UNREADABLE):
-        wait_for(lambda: len(scheduler.engine.links) == 2)
-
-        async def body(app, http):  # noqa: ANN001, ANN202
-            del app
-            return (await http.get("/health")).status_code
-
-        for required, expected in ((["good"], 200), (["good", "bad"], 503)):
-            settings = Settings(scheduler=scheduler.target, require_model=required)
-            assert asyncio.run(with_app(settings, body)) == expected, required
-
-
-def test_health_is_503_when_no_model_can_be_loaded(scheduler):
-    with worker(scheduler.target, "bad", UNREADABLE):
-        wait_for(lambda: len(scheduler.engine.links) == 1)
-
-        async def body(app, http):  # noqa: ANN001, ANN202
-            del app
-            return (await http.get("/health")).status_code
-
-        assert asyncio.run(with_app(Settings(scheduler=scheduler.target), body)) == 503
 
 
 # ---- a streaming client that leaves before the first token ----
@@ -213,7 +101,7 @@ async def call_and_leave(app, body: dict, leave: asyncio.Event) -> tuple[object,
 
 def test_a_stream_left_before_its_first_token_is_a_clean_499_and_aborted(scheduler, model_dir):
     runner = HangingRunner()
-    with worker(scheduler.target, "m", model_dir, runner):
+    with stand_in_worker(scheduler.target, "m", model_dir, runner):
         wait_for(lambda: len(scheduler.engine.links) == 1)
 
         async def body(app, http):  # noqa: ANN001, ANN202
@@ -246,39 +134,6 @@ def test_a_stream_left_before_its_first_token_is_a_clean_499_and_aborted(schedul
     assert finished(scheduler, "abort") == 1
 
 
-# ---- a scheduler restart: the models come back a moment later ----
-
-
-def test_a_model_served_before_a_scheduler_restart_is_503_until_its_worker_is_back(model_dir):
-    port = free_port()
-    target = f"127.0.0.1:{port}"
-    request = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 2}
-
-    async def body(app, http):  # noqa: ANN001, ANN202
-        del app
-        # (the scheduler starts its own event loop: in a thread, off the test's)
-        with contextlib.ExitStack() as first:
-            handle = await asyncio.to_thread(first.enter_context, running_scheduler(port=port))
-            await asyncio.to_thread(first.enter_context, worker(target, "m", model_dir))
-            await asyncio.to_thread(wait_for, lambda: len(handle.engine.links) == 1)
-            before = await http.post("/v1/completions", json=request)
-            await asyncio.to_thread(first.close)
-        # A new scheduler on the same address: it has never heard of "m"
-        with contextlib.ExitStack() as second:
-            await asyncio.to_thread(second.enter_context, running_scheduler(port=port))
-            await asyncio.sleep(client_module.CATALOG_TTL_SECONDS + 0.1)
-            during = await http.post("/v1/completions", json=request)
-            unknown = await http.post("/v1/completions", json={**request, "model": "never"})
-            await asyncio.to_thread(second.close)
-        return before, during, unknown
-
-    before, during, unknown = asyncio.run(with_app(Settings(scheduler=target), body))
-    assert before.status_code == 200, before.text
-    assert during.status_code == 503, during.text
-    assert during.headers["retry-after"]
-    assert unknown.status_code == 404, unknown.text
-
-
 # ---- a stop string ends a request the scheduler still runs ----
 
 
@@ -292,7 +147,7 @@ class SteadyRunner(PositionRunner):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_stop_string_finish_is_counted_as_stop_not_abort(scheduler, model_dir, stream):
-    with worker(scheduler.target, "m", model_dir, SteadyRunner()):
+    with stand_in_worker(scheduler.target, "m", model_dir, SteadyRunner()):
         wait_for(lambda: len(scheduler.engine.links) == 1)
 
         async def body(app, http):  # noqa: ANN001, ANN202
@@ -355,7 +210,7 @@ class OffScaleLogprobsRunner(PositionRunner):
 
 
 def test_infinite_logprobs_are_clamped_as_vllm_does(scheduler, model_dir):
-    with worker(scheduler.target, "m", model_dir, OffScaleLogprobsRunner()):
+    with stand_in_worker(scheduler.target, "m", model_dir, OffScaleLogprobsRunner()):
         wait_for(lambda: len(scheduler.engine.links) == 1)
         request = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 3, "logprobs": 3}
 
@@ -378,44 +233,3 @@ def test_infinite_logprobs_are_clamped_as_vllm_does(scheduler, model_dir):
     for top in tops:  # the NaN alternative is left out: the values are numbers
         # two alternatives, and the sampled token (a position token, none of them)
         assert sorted(top.values()) == [-9999.0, -9999.0, -0.5]
-
-
-def test_the_metrics_port_serves_metrics_without_a_key_while_the_api_port_needs_one(tmp_path):
-    """With API keys, Prometheus (compose's, on the internal network) scrapes the frontend's
-    metrics port; the HTTP port's /metrics stays behind the key."""
-    port, metrics_port = free_port(), free_port()
-    env = dict(os.environ, KVLEDGER_API_KEY="k")
-    argv = [
-        sys.executable,
-        "-m",
-        "server",
-        "--port",
-        str(port),
-        "--metrics-port",
-        str(metrics_port),
-    ]
-    argv += ["--scheduler", f"127.0.0.1:{free_port()}"]
-    with open(tmp_path / "frontend.log", "wb") as log:
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, (tmp_path / "frontend.log").read_text()
-                time.sleep(0.2)
-        assert scraped.status_code == 200 and "kvledger_http_requests_total" in scraped.text
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                keyed = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
-        assert keyed.status_code == 401
-    finally:
-        proc.terminate()
-        proc.wait(30)

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.serving import start_serve
+from tests.e2e.stacks import Stack
 
 KEY = "key-details"
 MODEL, EMBEDDING_MODEL = "tiny-llama", "all-MiniLM-L6-v2"
@@ -16,27 +16,7 @@ PROMPT = "Hello,   my NAME is"
 IS = 2003  # "is" in tiny-llama's vocabulary
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    served = start_serve(
-        tmp_path_factory.mktemp("details"), "--num-kv-blocks", "128", "--api-key", KEY,
-        embedding=True,
-    )  # fmt: skip
-    yield served
-    served.stop()
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key=KEY, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def http(served):
-    with httpx.Client(
-        base_url=served.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
-    ) as c:
-        yield c
+STACK = Stack(("--num-kv-blocks", "128", "--api-key", KEY), embedding=True)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -28,7 +28,7 @@ from schemathesis.core.failures import AcceptedNegativeData
 from schemathesis.engine import Status, events
 
 from tests.e2e.helpers import idle
-from tests.serving import start_serve
+from tests.e2e.stacks import Stack
 
 KEY = "key-schema-fuzz"
 MODEL, EMBEDDING_MODEL = "tiny-llama", "all-MiniLM-L6-v2"
@@ -52,21 +52,7 @@ OPENAI_ERROR_FIELDS = {"message", "type", "param", "code"}
 GENERATING = {"/v1/completions": "text_completion", "/v1/chat/completions": "chat.completion.chunk"}
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    served = start_serve(
-        tmp_path_factory.mktemp("schema-fuzz"), "--api-key", KEY, *SERVER_LIMITS, embedding=True
-    )
-    yield served
-    served.stop()
-
-
-@pytest.fixture(scope="module")
-def http(served):
-    with httpx.Client(
-        base_url=served.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
-    ) as c:
-        yield c
+STACK = Stack(("--api-key", KEY, *SERVER_LIMITS), embedding=True)
 
 
 def _widened(ctx, body: object) -> st.SearchStrategy:  # noqa: ANN001

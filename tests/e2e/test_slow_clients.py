@@ -16,9 +16,9 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from server.connections import BODY_CLOSE_GRACE_SECONDS
+from tests.e2e.stacks import Stack
 from tests.serving import metric_sum, scrape, start_serve
 from tests.sockets import Ended, read_until_closed
 
@@ -66,10 +66,8 @@ JSON = {"content-type": "application/json"}
 COMPLETION = b'{"model": "tiny-llama", "prompt": "hi", "max_tokens": 2}'
 
 
-@pytest.fixture(scope="module")
-def deadlines(tmp_path_factory):
-    served = start_serve(
-        tmp_path_factory.mktemp("slow"),
+STACK = Stack(
+    (
         "--timeout-request-header",
         str(HEADER_S),
         "--timeout-request-body",
@@ -79,8 +77,7 @@ def deadlines(tmp_path_factory):
         "--limit-concurrency",
         str(LIMIT),
     )
-    yield served
-    served.stop()
+)
 
 
 def _trickle(sock: socket.socket, data: bytes, every: float = 1.0) -> threading.Thread:
@@ -141,8 +138,8 @@ def _one_response(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
-def test_headers_trickled_a_byte_a_second_are_cut_at_the_header_deadline(deadlines):
-    sock, start = _partial_header(deadlines.port)
+def test_headers_trickled_a_byte_a_second_are_cut_at_the_header_deadline(served):
+    sock, start = _partial_header(served.port)
     with sock:
         ended = read_until_closed(sock, start, HEADER_S + SLACK_S + 1)
     _assert_closed_at(ended, HEADER_S)
@@ -151,17 +148,17 @@ def test_headers_trickled_a_byte_a_second_are_cut_at_the_header_deadline(deadlin
     assert error["type"] == "invalid_request_error" and "headers" in error["message"]
 
 
-def test_a_connection_that_sends_nothing_is_closed_silently_at_the_header_deadline(deadlines):
+def test_a_connection_that_sends_nothing_is_closed_silently_at_the_header_deadline(served):
     """No 408 there: a client may be about to use it, and must not read one as its answer."""
-    sock = socket.create_connection(("127.0.0.1", deadlines.port))
+    sock = socket.create_connection(("127.0.0.1", served.port))
     with sock:
         ended = read_until_closed(sock, time.monotonic(), HEADER_S + SLACK_S + 1)
     _assert_closed_at(ended, HEADER_S)
     assert ended.data == b""
 
 
-def test_a_body_trickled_a_byte_a_second_gets_a_408_and_the_connection_closes(deadlines):
-    sock, start = _slow_body(deadlines.port)
+def test_a_body_trickled_a_byte_a_second_gets_a_408_and_the_connection_closes(served):
+    sock, start = _slow_body(served.port)
     with sock:
         ended = read_until_closed(sock, start, BODY_S + SLACK_S + 1)
     _assert_closed_at(ended, BODY_S)
@@ -171,22 +168,22 @@ def test_a_body_trickled_a_byte_a_second_gets_a_408_and_the_connection_closes(de
     assert error["type"] == "invalid_request_error" and "body" in error["message"]
 
 
-def test_a_trickled_body_the_app_never_reads_does_not_hold_the_connection(deadlines):
+def test_a_trickled_body_the_app_never_reads_does_not_hold_the_connection(served):
     """/version answers without reading the body; the server still closes the connection
     (the app's 408 was not needed: its grace is spent) while the client keeps trickling."""
-    sock, start = _slow_body(deadlines.port, "/version", "GET")
+    sock, start = _slow_body(served.port, "/version", "GET")
     with sock:
         ended = read_until_closed(sock, start, BODY_S + BODY_CLOSE_GRACE_SECONDS + SLACK_S + 1)
     _assert_closed_at(ended, BODY_S + BODY_CLOSE_GRACE_SECONDS)
     assert ended.statuses == [200]
 
 
-def test_a_request_that_arrives_in_time_in_pieces_is_served(deadlines):
+def test_a_request_that_arrives_in_time_in_pieces_is_served(served):
     """Headers and body in pieces, each part well within its deadline, then a second request
     on the same connection: both served, nothing closed."""
     whole = _request("/v1/completions", COMPLETION)
     cut = whole.index(b"\r\n\r\n") + 4
-    with socket.create_connection(("127.0.0.1", deadlines.port)) as sock:
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
         sock.sendall(whole[:20])
         time.sleep(HEADER_S / 4)
         sock.sendall(whole[20:cut])
@@ -201,12 +198,12 @@ def test_a_request_that_arrives_in_time_in_pieces_is_served(deadlines):
         assert _one_response(sock).startswith(b"HTTP/1.1 200")
 
 
-def test_an_idle_kept_alive_connection_lives_by_the_keep_alive_timeout(deadlines):
+def test_an_idle_kept_alive_connection_lives_by_the_keep_alive_timeout(served):
     """Idle between requests past the header deadline (but within --timeout-keep-alive) it is
     still open and serves the next request; idle past --timeout-keep-alive it is closed."""
     assert KEEP_ALIVE_S > HEADER_S + 1
     version = _request("/version", method="GET")
-    with socket.create_connection(("127.0.0.1", deadlines.port)) as sock:
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
         sock.sendall(version)
         assert _one_response(sock).startswith(b"HTTP/1.1 200")
         time.sleep(HEADER_S + 0.5)
@@ -217,9 +214,9 @@ def test_an_idle_kept_alive_connection_lives_by_the_keep_alive_timeout(deadlines
     assert ended.data == b""
 
 
-def test_the_next_request_on_a_kept_alive_connection_has_the_header_deadline(deadlines):
+def test_the_next_request_on_a_kept_alive_connection_has_the_header_deadline(served):
     """Once its first byte arrives, the keep-alive timer stops and the header deadline runs."""
-    with socket.create_connection(("127.0.0.1", deadlines.port)) as sock:
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
         sock.sendall(_request("/version", method="GET"))
         assert _one_response(sock).startswith(b"HTTP/1.1 200")
         start = time.monotonic()
@@ -229,12 +226,12 @@ def test_the_next_request_on_a_kept_alive_connection_has_the_header_deadline(dea
     assert ended.statuses == [408]
 
 
-def test_others_are_served_while_slow_clients_wait_for_their_deadlines(deadlines):
+def test_others_are_served_while_slow_clients_wait_for_their_deadlines(served):
     """Trickling headers, trickling bodies and a silent connection at once, under the
     connection limit: a completion is served meanwhile, and each slow one is closed at its
     deadline."""
-    slow = [_partial_header(deadlines.port) for _ in range(4)]
-    slow += [_slow_body(deadlines.port) for _ in range(4)]
+    slow = [_partial_header(served.port) for _ in range(4)]
+    slow += [_slow_body(served.port) for _ in range(4)]
     results: list[Ended] = [None] * len(slow)  # type: ignore[list-item]
 
     def watch(i: int) -> None:
@@ -247,7 +244,7 @@ def test_others_are_served_while_slow_clients_wait_for_their_deadlines(deadlines
     try:
         began = time.monotonic()
         reply = httpx.post(
-            f"{deadlines.url}/v1/completions", content=COMPLETION, headers=JSON, timeout=60
+            f"{served.url}/v1/completions", content=COMPLETION, headers=JSON, timeout=60
         )
         assert reply.status_code == 200
         assert time.monotonic() - began < min(HEADER_S, BODY_S), "waited for a slow client"
@@ -262,23 +259,23 @@ def test_others_are_served_while_slow_clients_wait_for_their_deadlines(deadlines
     for ended in results[4:]:
         _assert_closed_at(ended, BODY_S)
         assert ended.statuses == [408] and "body" in ended.error()["message"]
-    timeouts = scrape(f"{deadlines.url}/metrics")
+    timeouts = scrape(f"{served.url}/metrics")
     assert metric_sum(timeouts, "kvledger_http_request_timeouts_total", phase="header") >= 4
     assert metric_sum(timeouts, "kvledger_http_request_timeouts_total", phase="body") >= 4
 
 
-def test_connections_past_the_limit_are_freed_by_the_header_deadline(deadlines):
+def test_connections_past_the_limit_are_freed_by_the_header_deadline(served):
     """The issue's lock-out: more stalled connections than --limit-concurrency shut everyone
     else out (503) until the header deadline closes them, with no help from their clients."""
-    stalled = [socket.create_connection(("127.0.0.1", deadlines.port)) for _ in range(LIMIT + 4)]
+    stalled = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(LIMIT + 4)]
     start = time.monotonic()
     try:
         for sock in stalled:
             sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
-        assert httpx.get(f"{deadlines.url}/health", timeout=10).status_code == 503
+        assert httpx.get(f"{served.url}/health", timeout=10).status_code == 503
         for sock in stalled:
             _assert_closed_at(read_until_closed(sock, start, HEADER_S + SLACK_S + 1), HEADER_S)
-        assert httpx.get(f"{deadlines.url}/health", timeout=10).status_code == 200
+        assert httpx.get(f"{served.url}/health", timeout=10).status_code == 200
     finally:
         for sock in stalled:
             sock.close()

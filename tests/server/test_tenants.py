@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from protos import frontend_pb2
-from scheduler_svc.convert import request_from_embed_input, request_from_generate
+from scheduler_svc.wire import request_from_embed_input, request_from_generate
 from server.deps import tenant_salt, tenant_tag
 from server.protocol import CompletionRequest
 from server.sampling import Plan, generate_request

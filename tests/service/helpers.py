@@ -16,6 +16,7 @@ from kvledger.flags import SCHEDULER, parse
 from kvledger.tls import TlsFiles
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
 from scheduler_svc.__main__ import start
+from tests.core.harness import has_unfinished
 from tests.serving import free_port
 from worker.batch import BatchLimits, SeqChunk
 from worker.executor import Executor
@@ -183,7 +184,7 @@ def ledger_idle(scheduler) -> bool:  # noqa: ANN001
     def check() -> bool:
         for link in scheduler.engine.links.values():
             snap = link.scheduler.snapshot()
-            if snap.blocks_in_use or snap.tracker_entries or link.scheduler.has_unfinished():
+            if snap.blocks_in_use or snap.tracker_entries or has_unfinished(link.scheduler):
                 return False
         return not scheduler.engine.requests
 

@@ -15,13 +15,13 @@ import time
 import grpc
 
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
-from scheduler_svc.convert import response_from
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.output import RequestUpdate, SchedulerOutput
 from scheduler_svc.core.request import FinishReason, Request
-from scheduler_svc.link import WorkerLink
 from scheduler_svc.live import Delivery, LiveRequest, RequestFailure
 from scheduler_svc.service import _ready_with
+from scheduler_svc.wire import response_from
+from scheduler_svc.worker_link import WorkerLink
 from tests.service.helpers import (
     EOS,
     PositionRunner,

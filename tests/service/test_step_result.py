@@ -1,4 +1,4 @@
-"""A step's result travels whole (scheduler_svc/convert.py): what the worker sent with a token
+"""A step's result travels whole (scheduler_svc/wire.py): what the worker sent with a token
 (its logprob) or an embedding rides through the core as the update's opaque payload and comes
 out with exactly that update. Plain messages and a real ledger; no gRPC server, no loop."""
 
@@ -8,11 +8,11 @@ import logging
 import math
 
 from protos import frontend_pb2, worker_pb2
-from scheduler_svc.convert import delivery_from, model_result_from, response_from
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.live import LiveRequest
+from scheduler_svc.wire import delivery_from, model_result_from, response_from
 
 
 def ledger(kv_cache: bool = True) -> Scheduler:

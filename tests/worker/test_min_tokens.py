@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from protos import frontend_pb2
-from scheduler_svc.convert import sampling_with_min_tokens
+from scheduler_svc.wire import sampling_with_min_tokens
 from worker.batch import SeqChunk
 from worker.convert import sampling_from_wire
 from worker.sampler import Sampler

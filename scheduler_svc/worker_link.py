@@ -8,13 +8,13 @@ import time
 from collections.abc import Callable
 
 from protos import frontend_pb2, worker_pb2
-from scheduler_svc.convert import delivery_from, model_result_from, plan_from_output
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.output import RequestUpdate, SchedulerOutput
 from scheduler_svc.core.request import FinishReason, Request
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.live import Delivery, LiveRequest
 from scheduler_svc.routing import WorkerView
+from scheduler_svc.wire import delivery_from, model_result_from, plan_from_output
 
 log = logging.getLogger(__name__)
 
