@@ -30,25 +30,32 @@ from kvledger.models import SMOLLM2
 from tests.e2e.helpers import cmdline
 from tests.serving import descendants, metric_sum, scrape, start_serve
 
+# The real model on two workers sharing two cores, recomputing what the small pool preempts:
+# minutes per test on a loaded machine, more than the suite's default 300 s.
+pytestmark = pytest.mark.timeout(900)
+
 PERSON = {
     "type": "object",
     "properties": {
-        "name": {"type": "string", "maxLength": 24},
+        "name": {"type": "string", "maxLength": 16},
         "age": {"type": "integer", "minimum": 0, "maximum": 130},
-        "city": {"type": "string", "maxLength": 24},
-        "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]}, "maxItems": 3},
+        "city": {"type": "string", "maxLength": 16},
+        "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]}, "maxItems": 2},
     },
     "required": ["name", "age", "city", "pets"],
     "additionalProperties": False,
 }
-FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+}
 ASK = [{"role": "user", "content": "Describe a person as JSON: name, age, city and pets."}]
-MAX_TOKENS = 96  # every PERSON fits: its strings and list are bounded
+MAX_TOKENS = 72  # every PERSON fits: its strings and list are bounded
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    # 2 workers of 24 blocks (384 tokens) each: 16 requests at once do not fit, so some are
+    # 2 workers of 24 blocks (384 tokens) each: 8 requests at once do not fit, so some are
     # preempted and recomputed mid-output
     served = start_serve(
         tmp_path_factory.mktemp("structured"),
@@ -99,7 +106,7 @@ def run_all(jobs: dict[int, object]) -> dict[int, object]:
 def test_json_schema_outputs_validate_over_seeds_and_temperatures(client, served):
     temperatures = [0.0, 0.7, 1.0, 1.5]
     jobs = {
-        i: (lambda i=i: person(client, temperature=temperatures[i % 4], seed=i)) for i in range(16)
+        i: (lambda i=i: person(client, temperature=temperatures[i % 4], seed=i)) for i in range(8)
     }
     for i, out in run_all(jobs).items():
         choice = out.choices[0]
@@ -149,7 +156,15 @@ def test_streaming_equals_non_streaming(client):
 
 
 BAD = [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}}, "response_format"),  # noqa: E501
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "nope"}},
+            }
+        },
+        "response_format",
+    ),  # noqa: E501
     ({"guided_regex": "a(b"}, "guided_regex"),
     ({"structured_outputs": {"grammar": "start: missing"}}, "structured_outputs"),
     ({"guided_choice": []}, "guided_choice"),
@@ -159,9 +174,7 @@ BAD = [
 @pytest.mark.parametrize(("extra", "param"), BAD)
 def test_a_bad_spec_is_a_400_naming_it_and_the_server_keeps_serving(client, extra, param):
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(
-            model=SMOLLM2, messages=ASK, max_tokens=4, extra_body=extra
-        )
+        client.chat.completions.create(model=SMOLLM2, messages=ASK, max_tokens=4, extra_body=extra)
     assert caught.value.body["param"] == param
     assert "compile" in caught.value.body["message"] or "non-empty" in caught.value.body["message"]
     out = person(client, temperature=0)
@@ -169,7 +182,7 @@ def test_a_bad_spec_is_a_400_naming_it_and_the_server_keeps_serving(client, extr
 
 
 def test_langchain_with_structured_output_round_trips(served):
-    langchain_openai = pytest.importorskip("langchain_openai")
+    from langchain_openai import ChatOpenAI
     from pydantic import BaseModel, Field
 
     class Pet(BaseModel):
@@ -177,7 +190,7 @@ def test_langchain_with_structured_output_round_trips(served):
         kind: str = Field(max_length=8)
         legs: int = Field(ge=0, le=8)
 
-    llm = langchain_openai.ChatOpenAI(
+    llm = ChatOpenAI(
         model=SMOLLM2, base_url=f"{served.url}/v1", api_key="x", temperature=0, max_tokens=64
     )
     pet = llm.with_structured_output(Pet, method="json_schema").invoke("Describe a pet.")
@@ -187,7 +200,7 @@ def test_langchain_with_structured_output_round_trips(served):
 def test_a_worker_killed_mid_request_leaves_valid_outputs(client, served):
     """Last: the kill restarts worker-0. Seeded sampling draws the same token at each
     position wherever it runs, so the moved requests end as an undisturbed run does."""
-    kw = [dict(temperature=1.0, seed=100 + i) for i in range(6)]
+    kw = [dict(temperature=1.0, seed=100 + i) for i in range(4)]
     reference = {i: person(client, **k).choices[0].message.content for i, k in enumerate(kw)}
     victim = next(
         p
@@ -201,7 +214,7 @@ def test_a_worker_killed_mid_request_leaves_valid_outputs(client, served):
 
     results: dict[int, object] = {}
     threads = [
-        threading.Thread(target=lambda i=i: results.__setitem__(i, stream(i))) for i in range(6)
+        threading.Thread(target=lambda i=i: results.__setitem__(i, stream(i))) for i in range(4)
     ]
     for t in threads:
         t.start()
