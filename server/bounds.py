@@ -68,13 +68,19 @@ def check_template_kwargs(kwargs: dict[str, Any] | None, limits: Limits) -> None
     (chat_template.RESERVED_NAMES)."""
     if not kwargs:
         return
-    budget = limits.max_chat_template_kwargs_chars
-    field = "chat_template_kwargs"
-    stack: list[tuple[Any, int]] = [(kwargs, 1)]
+    check_nested(kwargs, "chat_template_kwargs", limits.max_chat_template_kwargs_chars)
+
+
+def check_nested(value: Any, field: str, max_chars: int, max_depth: int = MAX_KWARGS_DEPTH) -> None:
+    """A JSON value of a request (dicts, lists, strings, other scalars): at most `max_chars`
+    characters (keys and strings; one for each other value), `max_depth` levels, and valid
+    Unicode. Walked without recursion, so no depth costs the server a stack."""
+    budget = max_chars
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         value, depth = stack.pop()
-        if depth > MAX_KWARGS_DEPTH:
-            raise APIError(400, f"{field} nests deeper than {MAX_KWARGS_DEPTH}", param=field)
+        if depth > max_depth:
+            raise APIError(400, f"{field} nests deeper than {max_depth}", param=field)
         if isinstance(value, dict):
             items = list(value.items())
             budget -= sum(_chars(k, field) for k, _ in items)
@@ -83,11 +89,7 @@ def check_template_kwargs(kwargs: dict[str, Any] | None, limits: Limits) -> None
             stack.extend((v, depth + 1) for v in value)
         budget -= _chars(value, field) if isinstance(value, str) else 1
         if budget < 0:
-            raise APIError(
-                400,
-                f"{field} must hold at most {limits.max_chat_template_kwargs_chars} characters",
-                param=field,
-            )
+            raise APIError(400, f"{field} must hold at most {max_chars} characters", param=field)
 
 
 def _chars(text: Any, field: str) -> int:

@@ -69,13 +69,6 @@ def refuse_unsupported(body: ChatCompletionRequest) -> None:
         value = getattr(body, name)
         if value is not None and value is not False and value != [] and value != "none":
             raise APIError(400, f"`{name}` is not supported by this server", param=name)
-    if body.response_format is not None and body.response_format.type != "text":
-        raise APIError(
-            400,
-            f"response_format `{body.response_format.type}` is not supported by this server "
-            "(only `text`)",
-            param="response_format",
-        )
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
 
@@ -83,7 +76,7 @@ def refuse_unsupported(body: ChatCompletionRequest) -> None:
 def _prepare(
     body: ChatCompletionRequest, model: ServedModel, salt: str, tag: str, settings: Settings
 ) -> Generation:
-    check_request(body, model, settings.limits, 1)
+    spec = check_request(body, model, settings.limits, 1)
     prompt = chat_prompt(
         body.messages, body, model, settings.limits, settings.special_tokens_in_content
     )
@@ -92,6 +85,7 @@ def _prepare(
         max_tokens=body.token_limit,
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         prompt_param="messages",
+        structured=spec,
     )
     return build_generation(body, model, [prompt], salt, tag, plan)
 
