@@ -100,3 +100,26 @@ def _chars(text: Any, field: str) -> int:
             400, f"{field} must be valid Unicode text (no lone surrogates)", param=field
         ) from None
     return len(text)
+
+
+def check_json_size(value: Any, max_chars: int, max_depth: int, field: str, limit: str) -> None:
+    """A JSON value a client sends as data (tool schemas): at most `max_chars` characters
+    (keys and strings; one for each other value) and `max_depth` levels, counted without
+    recursion before anything walks it recursively (a schema check, a compiler, json.dumps).
+    `limit` names the flag in the refusal."""
+    budget = max_chars
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > max_depth:
+            raise APIError(400, f"{field} nests deeper than {max_depth}", param=field)
+        if isinstance(item, dict):
+            budget -= sum(_chars(k, field) for k in item)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        budget -= _chars(item, field) if isinstance(item, str) else 1
+        if budget < 0:
+            raise APIError(
+                400, f"{field} must hold at most {max_chars} characters ({limit})", param=field
+            )
