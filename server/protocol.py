@@ -22,7 +22,7 @@ Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 LOGIT_BIAS_LIMIT = 100.0
 # vLLM's and OpenAI's parameters this server does not implement: set to anything but null,
 # false or empty, a 400 names them (server/sampling.py), never a reply that ignores them.
-# Structured outputs (response_format json, guided_*, tools) are not served yet.
+# Structured outputs (response_format json, guided_*) are not served yet.
 NOT_IMPLEMENTED = (
     "guided_json",
     "guided_choice",
