@@ -63,8 +63,8 @@ QUESTIONS = [
 def chat_prompts(gguf: Path, num_requests: int) -> list[list[int]]:
     """`num_requests` chat prompts (the questions in turn, numbered so no two are equal) as
     token ids of the file's tokenizer, rendered by its chat template."""
+    from kvledger.gguf_tokenizer import load_gguf_tokenizer
     from server.chat_template import load_chat_template
-    from server.gguf_tokenizer import load_gguf_tokenizer
 
     template = load_chat_template(gguf)
     if template is None:

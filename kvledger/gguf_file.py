@@ -1,6 +1,6 @@
 """Finding and opening a GGUF file (llama.cpp's format), torch-free: the worker reads its
 weights from it (`worker/gguf/`) and the frontend its tokenizer and chat template
-(`server/gguf_tokenizer.py`).
+(`kvledger/gguf_tokenizer.py`).
 
 Files are read with the `gguf` package maintained by llama.cpp's authors; any failure to parse
 one (a truncated download, another format) is a `GGUFError` naming the file, never a traceback

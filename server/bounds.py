@@ -68,13 +68,19 @@ def check_template_kwargs(kwargs: dict[str, Any] | None, limits: Limits) -> None
     (chat_template.RESERVED_NAMES)."""
     if not kwargs:
         return
-    budget = limits.max_chat_template_kwargs_chars
-    field = "chat_template_kwargs"
-    stack: list[tuple[Any, int]] = [(kwargs, 1)]
+    check_nested(kwargs, "chat_template_kwargs", limits.max_chat_template_kwargs_chars)
+
+
+def check_nested(value: Any, field: str, max_chars: int, max_depth: int = MAX_KWARGS_DEPTH) -> None:
+    """A JSON value of a request (dicts, lists, strings, other scalars): at most `max_chars`
+    characters (keys and strings; one for each other value), `max_depth` levels, and valid
+    Unicode. Walked without recursion, so no depth costs the server a stack."""
+    budget = max_chars
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         value, depth = stack.pop()
-        if depth > MAX_KWARGS_DEPTH:
-            raise APIError(400, f"{field} nests deeper than {MAX_KWARGS_DEPTH}", param=field)
+        if depth > max_depth:
+            raise APIError(400, f"{field} nests deeper than {max_depth}", param=field)
         if isinstance(value, dict):
             items = list(value.items())
             budget -= sum(_chars(k, field) for k, _ in items)
@@ -83,11 +89,7 @@ def check_template_kwargs(kwargs: dict[str, Any] | None, limits: Limits) -> None
             stack.extend((v, depth + 1) for v in value)
         budget -= _chars(value, field) if isinstance(value, str) else 1
         if budget < 0:
-            raise APIError(
-                400,
-                f"{field} must hold at most {limits.max_chat_template_kwargs_chars} characters",
-                param=field,
-            )
+            raise APIError(400, f"{field} must hold at most {max_chars} characters", param=field)
 
 
 def _chars(text: Any, field: str) -> int:
@@ -100,26 +102,3 @@ def _chars(text: Any, field: str) -> int:
             400, f"{field} must be valid Unicode text (no lone surrogates)", param=field
         ) from None
     return len(text)
-
-
-def check_json_size(value: Any, max_chars: int, max_depth: int, field: str, limit: str) -> None:
-    """A JSON value a client sends as data (tool schemas): at most `max_chars` characters
-    (keys and strings; one for each other value) and `max_depth` levels, counted without
-    recursion before anything walks it recursively (a schema check, a compiler, json.dumps).
-    `limit` names the flag in the refusal."""
-    budget = max_chars
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > max_depth:
-            raise APIError(400, f"{field} nests deeper than {max_depth}", param=field)
-        if isinstance(item, dict):
-            budget -= sum(_chars(k, field) for k in item)
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-        budget -= _chars(item, field) if isinstance(item, str) else 1
-        if budget < 0:
-            raise APIError(
-                400, f"{field} must hold at most {max_chars} characters ({limit})", param=field
-            )

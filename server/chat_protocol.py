@@ -62,11 +62,6 @@ class ChatMessage(BaseModel):
     _check_text = text_fields("content", "name", "tool_call_id")
 
 
-class ResponseFormat(BaseModel):
-    model_config = REQUEST_CONFIG
-    type: str
-
-
 class ChatTemplateOptions(BaseModel):
     """How the messages become a prompt (vLLM's names)."""
 
@@ -83,7 +78,6 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    response_format: ResponseFormat | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     functions: list[Any] | None = None

@@ -230,7 +230,7 @@ def load_chat_template(model_dir: str | Path, override: str | None = None) -> Ch
     else the model directory's (a GGUF file's `tokenizer.chat_template`); None when neither
     has one."""
     if is_gguf(model_dir):
-        from server.gguf_tokenizer import load_gguf_tokenizer
+        from kvledger.gguf_tokenizer import load_gguf_tokenizer
 
         found = load_gguf_tokenizer(model_dir)
         source = _template_text(override) if override else found.chat_template

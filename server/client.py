@@ -17,13 +17,13 @@ from prometheus_client import Counter
 from tokenizers import Tokenizer
 
 from kvledger.gguf_file import GGUFError, is_gguf
+from kvledger.gguf_tokenizer import load_gguf_tokenizer
 from kvledger.grpc_auth import bearer_interceptors
 from kvledger.rpc import CHANNEL_OPTIONS
 from kvledger.tls import TlsFiles, aio_channel
 from protos import frontend_pb2, frontend_pb2_grpc
 from server.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from server.errors import APIError
-from server.gguf_tokenizer import load_gguf_tokenizer
 from server.plain_content import SpecialTexts
 from server.token_bytes import TokenBytes
 

@@ -22,15 +22,10 @@ Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 LOGIT_BIAS_LIMIT = 100.0
 # vLLM's and OpenAI's parameters this server does not implement: set to anything but null,
 # false or empty, a 400 names them (server/sampling.py), never a reply that ignores them.
-# Structured outputs (response_format json, guided_*) are not served yet.
+# Structured outputs are served (server/structured.py); these knobs of vLLM's are not.
 NOT_IMPLEMENTED = (
-    "guided_json",
-    "guided_choice",
-    "guided_regex",
-    "guided_grammar",
     "guided_whitespace_pattern",
     "guided_decoding_backend",
-    "structured_outputs",
     "use_beam_search",
     "prompt_logprobs",
     "logits_processors",
@@ -70,6 +65,38 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's `response_format.json_schema`: the schema the output must validate against.
+    `strict` is accepted either way: the output is constrained to the schema in both."""
+
+    model_config = REQUEST_CONFIG
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: free `text`, any `json_object`, or a `json_schema`."""
+
+    model_config = REQUEST_CONFIG
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: one constraint of these (server/structured.py)."""
+
+    model_config = REQUEST_CONFIG
+    json_: str | dict[str, Any] | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    _check_text = text_fields("json_", "regex", "choice", "grammar")
+
+
 class SamplingRequest(BaseModel):
     """The fields every generating endpoint takes, with OpenAI's defaults and vLLM's extras."""
 
@@ -104,6 +131,13 @@ class SamplingRequest(BaseModel):
     include_stop_str_in_output: bool = False
     # only None or n: this server returns every sample it generates
     best_of: int | None = Field(None, ge=1, le=INT32_MAX)
+    # Structured outputs (constrained decoding): at most one of these (server/structured.py).
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     _check_finite = field_validator(
         "temperature",
@@ -113,7 +147,9 @@ class SamplingRequest(BaseModel):
         "min_p",
         "repetition_penalty",
     )(_finite)
-    _check_text = text_fields("model", "stop", "cache_salt")
+    _check_text = text_fields(
+        "model", "stop", "cache_salt", "guided_regex", "guided_choice", "guided_grammar"
+    )
 
     @field_validator("logit_bias")
     @classmethod

@@ -1,5 +1,6 @@
 """From a validated request body to a `Generation`: the checks every generating endpoint shares
-(model kind, limits, context length, logit_bias ids) and the GenerateRequest of each choice."""
+(model kind, limits, context length, logit_bias ids, the structured-output constraint) and the
+GenerateRequest of each choice."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import uuid
 from dataclasses import dataclass
 
 from kvledger.log import REQUEST_ID
+from kvledger.structured import StructuredSpec
 from protos import frontend_pb2
 from server.bounds import check_names, check_sampling_lists
 from server.client import ServedModel
@@ -15,6 +17,7 @@ from server.errors import APIError
 from server.generation import Choice, Generation
 from server.limits import Limits, check_sampling_limits
 from server.protocol import NOT_IMPLEMENTED, SamplingRequest
+from server.structured import check_structured, structured_spec, to_wire
 
 SEED_RANGE = 2**64  # SamplingParams.seed is a uint64
 
@@ -29,12 +32,14 @@ class Plan:
     prompt_logprobs: int | None = None  # None: none
     echo_only: bool = False
     prompt_param: str = "prompt"  # the request's field that holds the prompt, for errors
+    structured: StructuredSpec | None = None  # the constraint `check_request` returned
 
 
 def check_request(
     body: SamplingRequest, model: ServedModel, limits: Limits, num_prompts: int
-) -> None:
-    """The checks that need no tokens: run before tokenizing."""
+) -> StructuredSpec | None:
+    """The checks that need no tokens: run before tokenizing. Returns the request's
+    structured-output constraint (compiled once here, so a bad one is a 400), for its Plan."""
     if model.is_embedding:
         raise APIError(400, f"model `{model.name}` is an embedding model", param="model")
     if body.stream_options is not None and not body.stream:
@@ -53,6 +58,10 @@ def check_request(
             param="logit_bias",
         )
     check_sampling_limits(body, limits, num_prompts)
+    spec = structured_spec(body, limits)
+    if spec is not None:
+        check_structured(body, spec, model)
+    return spec
 
 
 def build_generation(
@@ -156,6 +165,8 @@ def generate_request(
         sampling.seed = (body.seed + sample_index) % SEED_RANGE
     if plan.prompt_logprobs is not None:
         sampling.prompt_logprobs = plan.prompt_logprobs
+    if plan.structured is not None:
+        sampling.structured.CopyFrom(to_wire(plan.structured))
     stop = frontend_pb2.StopCriteria(
         max_tokens=max_tokens,
         stop_token_ids=body.stop_token_ids or [],

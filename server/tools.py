@@ -14,7 +14,6 @@ array of one or more `{"name", "arguments"}` objects over the tools (vLLM's sche
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +21,12 @@ from typing import Any
 import jsonschema
 
 from kvledger.config.frontend import Limits
-from kvledger.structured import StructuredSpec
-from server.bounds import check_count, check_json_size
+from kvledger.structured import StructuredError, StructuredSpec, check, json_schema_spec
+from server.bounds import check_count, check_nested
+from server.client import ServedModel
 from server.errors import APIError
+from server.protocol import SamplingRequest
+from server.structured import model_grammar_tokenizer
 from server.tool_protocol import FunctionDefinition, NamedToolChoice, ToolDefinition
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -58,9 +60,9 @@ class ToolPlan:
         """The constraint of a forced call, None when the model chooses."""
         if self.choice == "named":
             function = next(f for f in self.functions if f.name == self.named)
-            return StructuredSpec("json", json.dumps(arguments_schema(function)))
+            return json_schema_spec(arguments_schema(function))
         if self.choice == "required":
-            return StructuredSpec("json", json.dumps(self._calls_schema()))
+            return json_schema_spec(self._calls_schema())
         return None
 
     def _calls_schema(self) -> dict[str, Any]:
@@ -104,7 +106,7 @@ def tool_plan(
         return None
     check_count(len(tools), limits.max_tools, "tools", "tools")
     raw = [t.model_dump(exclude_none=True) for t in tools]
-    check_json_size(raw, limits.max_tools_chars, MAX_SCHEMA_DEPTH, "tools", "--max-tools-chars")
+    check_nested(raw, "tools", limits.max_tools_chars, MAX_SCHEMA_DEPTH)
     functions = tuple(t.function for t in tools)
     for index, function in enumerate(functions):
         _check_function(function, index)
@@ -123,6 +125,34 @@ def tool_plan(
             )
         return ToolPlan("named", functions, choice.function.name, plan_parallel)
     return ToolPlan(choice or "auto", functions, None, plan_parallel)
+
+
+def tool_constraint(
+    plan: ToolPlan, spec: StructuredSpec | None, body: SamplingRequest, model: ServedModel
+) -> StructuredSpec | None:
+    """The request's constraint: a forced call's, compiled here as the worker will compile it
+    (a 400 when it does not), else the one the request gave itself (`spec`, which then holds
+    with `auto`: the text follows it, and calls are parsed from it). A forced call and a
+    constraint of the request's own cannot both hold."""
+    forced = plan.structured()
+    if forced is None:
+        return spec
+    if spec is not None:
+        raise APIError(
+            400,
+            "tool_choice `required` or a named function constrains the output to the calls: "
+            "it cannot be combined with response_format, structured_outputs or guided_*",
+            param="tool_choice",
+        )
+    if body.ignore_eos:
+        raise APIError(
+            400, "ignore_eos cannot be combined with a forced tool call", param="ignore_eos"
+        )
+    try:
+        check(forced, model_grammar_tokenizer(model))
+    except StructuredError as err:
+        raise APIError(400, f"the tools cannot be constrained: {err}", param="tools") from None
+    return forced
 
 
 def _check_function(function: FunctionDefinition, index: int) -> None:

@@ -68,8 +68,8 @@ def test_chat_workload_shares_the_system_prompt_and_survives_json():
     import json
 
     from benchmarks.chat_workload import chat_workload
+    from kvledger.gguf_tokenizer import load_gguf_tokenizer
     from kvledger.models import smollm2_path
-    from server.gguf_tokenizer import load_gguf_tokenizer
 
     wl = chat_workload(smollm2_path(), 20, 128)
     prompts = wl.prompts()

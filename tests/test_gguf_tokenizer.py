@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from kvledger.gguf_file import GGUFError
+from kvledger.gguf_tokenizer import build, load_gguf_tokenizer
 from kvledger.models import smollm2_path
-from server.gguf_tokenizer import build, load_gguf_tokenizer
 
 TEXTS = [
     "Hello world",

@@ -157,6 +157,7 @@ def runner_kwargs(settings: WorkerSettings) -> dict[str, Any]:
         quantization=settings.quantization,
         cuda_graph_max_batch=settings.cuda_graph_max_batch if settings.cuda_graphs else 0,
         progress=settings.log_format == "text",  # a progress bar is no JSON line
+        tokenizer=settings.tokenizer,  # structured outputs' grammars read it (None: the model's)
     )
 
 

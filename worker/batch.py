@@ -10,6 +10,7 @@ import torch
 
 from kvledger.rpc import MAX_LOGPROBS
 from worker.attention.base import AttentionMetadata
+from worker.constraints import Constraint
 from worker.sampling_params import GREEDY, SamplingParams
 
 
@@ -26,6 +27,8 @@ class SeqChunk:
     # per step.
     all_token_ids: Sequence[int] = ()
     num_prompt_tokens: int = 0
+    # The request's grammar matcher (structured outputs), kept by the executor; None: free text.
+    constraint: Constraint | None = None
 
     @property
     def end_pos(self) -> int:

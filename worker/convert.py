@@ -2,13 +2,14 @@
 
 The one place where a proto3 default has to be read as "not set": an unset `top_p` or
 `repetition_penalty` arrives as 0, which means off (1), not "filter everything"; `seed` and
-`prompt_logprobs` are `optional` fields, read with `HasField`.
+`prompt_logprobs` are `optional` fields, and `structured` a message, read with `HasField`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kvledger.structured import StructuredSpec
 from protos import frontend_pb2, worker_pb2
 from worker.plan import (
     BlockHashPair,
@@ -37,6 +38,11 @@ def sampling_from_wire(sp: frontend_pb2.SamplingParams) -> SamplingParams:
         logit_bias=dict(sp.logit_bias) or None,
         min_tokens=sp.min_tokens,
         min_tokens_masked=tuple(sp.min_tokens_masked_ids) if sp.min_tokens else (),
+        structured=(
+            StructuredSpec(sp.structured.kind, sp.structured.spec)
+            if sp.HasField("structured")
+            else None
+        ),
     )
 
 

@@ -20,7 +20,9 @@ import math
 import time
 from dataclasses import dataclass
 
+from kvledger.structured import StructuredError
 from worker.batch import SeqChunk, check_chunk
+from worker.constraints import Constraint
 from worker.plan import ContinueSeq, EmbedParams, NewSeq, Plan, StepOutput
 from worker.pooling import EmbedItem, check_item
 from worker.provenance import PlanWrites, Provenance
@@ -39,6 +41,9 @@ class SeqState:
     num_computed_tokens: int
     sampling: SamplingParams
     embed: EmbedParams | None
+    # Structured outputs: the grammar matcher, made at the first chunk; a request placed
+    # again (preemption, a lost worker) is a new SeqState whose matcher replays its outputs.
+    constraint: Constraint | None = None
 
 
 @dataclass
@@ -208,6 +213,12 @@ class Executor:
             return None, (
                 f"the plan schedules tokens up to {end}, the request has {len(seq.token_ids)}"
             )
+        spec = seq.sampling.structured
+        if spec is not None and seq.constraint is None:
+            try:
+                seq.constraint = self.runner.constraint(spec)
+            except StructuredError as err:
+                return None, str(err)
         chunk = SeqChunk(
             request_id=seq.request_id,
             token_ids=seq.token_ids[start:end],
@@ -217,6 +228,7 @@ class Executor:
             sampling=seq.sampling,
             all_token_ids=seq.token_ids,
             num_prompt_tokens=seq.num_prompt_tokens,
+            constraint=seq.constraint,
         )
         error = check_chunk(chunk, self.runner.limits)
         return (None, error) if error else (chunk, None)

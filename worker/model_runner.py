@@ -10,6 +10,7 @@ from types import ModuleType
 import torch
 
 from kvledger.config.worker import DTYPES as DTYPE_NAMES
+from kvledger.structured import StructuredSpec
 from worker import native
 from worker.attention import get_backend
 from worker.attention.base import AttentionBackend
@@ -17,6 +18,7 @@ from worker.attention.dense import dense_plan, seq_positions
 from worker.attention.flash_attn_backend import FlashAttention
 from worker.batch import BatchLimits, SeqChunk, prepare_batch
 from worker.config import EncoderConfig, ModelConfig
+from worker.constraints import Constraint, Grammars
 from worker.cuda_graphs import DecodeGraphs
 from worker.distributed import TPGroup, check_tensor_parallel, split_heads
 from worker.kv_cache import KVCache, KVShape
@@ -76,6 +78,7 @@ class ModelRunner:
         fused_cpu_ops: bool = True,
         quantization: str = "auto",
         cuda_graph_max_batch: int = 0,
+        tokenizer: str | None = None,
     ) -> None:
         self.tp = tp = tp or TPGroup()
         default_threads(tp.size if torch.device(device).type == "cpu" else 1)
@@ -126,6 +129,9 @@ class ModelRunner:
             layer.k_cache, layer.v_cache = k, v
         self.limits = BatchLimits(block_size, self.num_blocks, self.vocab_size, self.max_model_len)
         self.sampler = Sampler(seed, ops)
+        # structured outputs: grammars over the model's tokenizer (--tokenizer's, if given)
+        source = Path(tokenizer).expanduser().resolve() if tokenizer else Path(model_path)
+        self.grammars = Grammars(str(source), self.vocab_size, self.eos_token_ids)
         self.graphs: DecodeGraphs | None = None
         if graphs:
             self.graphs = DecodeGraphs(
@@ -166,13 +172,22 @@ class ModelRunner:
         """
         if not chunks:
             return []
-        last_rows, hidden = self._forward(chunks)
         sampling = [i for i, c in enumerate(chunks) if c.sample]
+        # The grammar masks of the structured rows, computed while the forward runs.
+        constrained = [
+            (row, c.constraint, c.all_token_ids[c.num_prompt_tokens :])
+            for row, c in enumerate(chunks[i] for i in sampling)
+            if c.constraint is not None
+        ]
+        masks = self.grammars.start(constrained) if constrained else None
+        last_rows, hidden = self._forward(chunks)
         out: list[Sample | None] = [None] * len(chunks)
         if sampling:
             rows = torch.tensor([last_rows[i] for i in sampling], device=self.device)
             logits = self.model.compute_logits(hidden[rows])
-            samples = self.sampler(logits, [chunks[i] for i in sampling])
+            samples = self.sampler(
+                logits, [chunks[i] for i in sampling], masks.result() if masks else None
+            )
             for i, sample in zip(sampling, samples, strict=True):
                 out[i] = sample
         for i, chunk in enumerate(chunks):
@@ -180,6 +195,9 @@ class ModelRunner:
                 first_row = last_rows[i] - len(chunk.token_ids) + 1
                 out[i] = _with_prompt(out[i], self._score_prompt(hidden, first_row, chunk))
         return out
+
+    def constraint(self, spec: StructuredSpec) -> Constraint:
+        return self.grammars.constraint(spec)
 
     @torch.inference_mode()
     def logits_for(self, chunks: list[SeqChunk], all_tokens: bool = False) -> torch.Tensor:

@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from kvledger.structured import StructuredSpec
 from worker.batch import BatchLimits, SeqChunk
 from worker.config import is_encoder
+from worker.constraints import Constraint
 from worker.distributed import TPGroup
 from worker.embedding_runner import EmbeddingRunner
 from worker.model_runner import ModelRunner
@@ -41,6 +43,11 @@ class Runner(Protocol):
         """One pass over whole, valid inputs that keeps nothing in the KV cache: a vector each."""
         ...
 
+    def constraint(self, spec: StructuredSpec) -> Constraint:
+        """A fresh grammar matcher for a structured request (asked only of a "generate"
+        runner); StructuredError when the spec cannot be served here."""
+        ...
+
 
 def load_runner(
     model_path: Path,
@@ -59,10 +66,11 @@ def load_runner(
     cuda_graph_max_batch: int = 0,
     progress: bool = True,
     tp: TPGroup | None = None,
+    tokenizer: str | None = None,
 ) -> ModelRunner | EmbeddingRunner:
     """The worker's flags, whichever the model: an encoder keeps no KV cache and samples
-    nothing, so the KV sizing, the seed, the attention backend and the decoder's fused CPU ops
-    do not reach it."""
+    nothing, so the KV sizing, the seed, the attention backend, the decoder's fused CPU ops
+    and the tokenizer (structured outputs' grammars) do not reach it."""
     model_path = Path(model_path)
     if is_encoder(model_path):
         if tp is not None and tp.size > 1:
@@ -91,4 +99,5 @@ def load_runner(
         cuda_graph_max_batch=cuda_graph_max_batch,
         progress=progress,
         tp=tp,
+        tokenizer=tokenizer,
     )

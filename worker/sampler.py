@@ -1,9 +1,10 @@
 """Next-token sampling for a batch of requests, each with its own parameters, in tensor ops.
 
-Order, as in vLLM: raw logprobs (if asked) -> penalties -> greedy argmax, or temperature ->
-min-p -> top-k -> top-p -> draw. Logprobs are the model's raw log-softmax, before penalties,
-temperature and filtering (vLLM's default `raw_logprobs` mode), so they describe the model, not
-the sampling settings. A row whose logits hold NaN or inf fails alone.
+Order, as in vLLM: raw logprobs (if asked) -> penalties -> grammar masks (structured
+outputs, worker/constraints.py) -> greedy argmax, or temperature -> min-p -> top-k -> top-p
+-> draw. Logprobs are the model's raw log-softmax, before penalties, masks, temperature and
+filtering (vLLM's default `raw_logprobs` mode), so they describe the model, not the sampling
+settings. A row whose logits hold NaN or inf fails alone.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from types import ModuleType
 import torch
 
 from worker.batch import SeqChunk
+from worker.constraints import Masks, apply_masks
 from worker.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
 
 
@@ -139,8 +141,11 @@ class Sampler:
             return self.native.argmax_rows(logits)
         return logits.argmax(dim=-1)
 
-    def __call__(self, logits: torch.Tensor, chunks: list[SeqChunk]) -> list[Sample]:
-        """logits [N, V] (one row per sampling chunk) -> one Sample per row."""
+    def __call__(
+        self, logits: torch.Tensor, chunks: list[SeqChunk], masks: Masks | None = None
+    ) -> list[Sample]:
+        """logits [N, V] (one row per sampling chunk) -> one Sample per row; `masks`: the
+        tokens each structured row's grammar allows (a row whose grammar failed fails)."""
         logits = logits.float()
         finite = finite_rows(logits)
         failed = set((~finite).nonzero().flatten().tolist())
@@ -149,6 +154,8 @@ class Sampler:
         want = [i for i, c in enumerate(chunks) if c.sampling.logprobs >= 0 and i not in failed]
         raw = torch.log_softmax(logits[want], dim=-1) if want else None
         logits = apply_min_tokens(apply_logit_bias(apply_penalties(logits, chunks), chunks), chunks)
+        if masks is not None:
+            logits = apply_masks(logits, masks)
         tokens = self._draw(logits, chunks).tolist()
         samples = [Sample(token) for token in tokens]
         if raw is not None:
@@ -162,6 +169,8 @@ class Sampler:
                 samples[row].logprobs = lp
         for row in failed:
             samples[row] = Sample(error=NONFINITE_LOGITS)
+        for row, error in (masks.errors if masks is not None else {}).items():
+            samples[row] = Sample(error=error)
         return samples
 
     def _draw(self, logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tensor:

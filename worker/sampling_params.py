@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvledger.structured import StructuredSpec
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -35,6 +37,8 @@ class SamplingParams:
     # ids, and EOS unless ignore_eos) cannot be sampled (worker/penalties.py).
     min_tokens: int = 0
     min_tokens_masked: tuple[int, ...] = ()
+    # Constrained decoding: only tokens this grammar allows are sampled (worker/constraints.py).
+    structured: StructuredSpec | None = None
 
     @property
     def has_penalties(self) -> bool:

@@ -67,6 +67,12 @@ class Limits:
     max_name_length: int = option(
         256, "longest model name, user, cache_salt and message name in a request"
     )
+    max_structured_chars: int = option(
+        65536,
+        "most characters in a structured-output constraint (a JSON schema's keys and strings, "
+        "with one counted for each other value; a regex, grammar or the choices); a schema "
+        "also nests at most 64 levels",
+    )
     max_tools: int = option(128, "most tools (functions) one chat request offers")
     max_tools_chars: int = option(
         65536,

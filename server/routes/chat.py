@@ -24,7 +24,7 @@ from server.generation import Generation, merged
 from server.offload import off_loop
 from server.sampling import Plan, build_generation, check_request
 from server.streaming import drain, sse_response, until_disconnect
-from server.tools import ToolPlan, tool_plan
+from server.tools import ToolPlan, tool_constraint, tool_plan
 
 router = APIRouter(route_class=OffLoopBodyRoute)
 # OpenAI's old names, refused with the one to use instead.
@@ -75,13 +75,6 @@ def refuse_unsupported(body: ChatCompletionRequest) -> None:
                     param=name,
                 )
             raise APIError(400, f"`{name}` is not supported by this server", param=name)
-    if body.response_format is not None and body.response_format.type != "text":
-        raise APIError(
-            400,
-            f"response_format `{body.response_format.type}` is not supported by this server "
-            "(only `text`)",
-            param="response_format",
-        )
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
 
@@ -89,9 +82,11 @@ def refuse_unsupported(body: ChatCompletionRequest) -> None:
 def _prepare(
     body: ChatCompletionRequest, model: ServedModel, salt: str, tag: str, settings: Settings
 ) -> tuple[Generation, ToolPlan | None]:
-    check_request(body, model, settings.limits, 1)
+    spec = check_request(body, model, settings.limits, 1)
     limits = settings.limits
     tools = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls, limits)
+    if tools is not None:
+        spec = tool_constraint(tools, spec, body, model)
     prompt = chat_prompt(
         body.messages, body, model, limits, settings.special_tokens_in_content, tools
     )
@@ -100,5 +95,6 @@ def _prepare(
         max_tokens=body.token_limit,
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         prompt_param="messages",
+        structured=spec,
     )
     return build_generation(body, model, [prompt], salt, tag, plan), tools

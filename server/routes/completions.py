@@ -63,7 +63,7 @@ def _prepare(
             "max_tokens must be at least 1 (0 only with echo: the prompt alone)",
             param="max_tokens",
         )
-    check_request(body, model, limits, count_prompts(body.prompt))  # before tokenizing
+    spec = check_request(body, model, limits, count_prompts(body.prompt))  # before tokenizing
     prompts = tokenize_prompts(body.prompt, model, add_special_tokens=body.add_special_tokens)
     plan = Plan(
         id_prefix="cmpl",
@@ -72,6 +72,7 @@ def _prepare(
         # Echo with logprobs scores the prompt too.
         prompt_logprobs=body.logprobs if body.echo else None,
         echo_only=body.max_tokens == 0,
+        structured=spec,
     )
     generation = build_generation(body, model, [p.ids for p in prompts], salt, tag, plan)
     echoes = [echoed(model.tokenizer, p) for p in prompts] if body.echo else None

@@ -87,7 +87,7 @@ def test_the_bounds_are_the_flags():
     small = Limits(max_tools=1, max_tools_chars=100)
     with pytest.raises(APIError, match="at most 1 tools"):
         plan([WEATHER, NOW], limits=small)
-    with pytest.raises(APIError, match="max-tools-chars"):
+    with pytest.raises(APIError, match="at most 100 characters"):
         plan([WEATHER], limits=small)
     assert plan([NOW], limits=small).names == {"now"}
 

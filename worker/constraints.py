@@ -1,0 +1,152 @@
+"""Constrained decoding in the worker: a grammar matcher per structured request, and the token
+masks the sampler applies before it draws (kvledger/structured.py says what a spec means).
+
+Rules, and why:
+- A matcher's state is a function of the request's output tokens, nothing else: before each
+  mask it catches up on the outputs it has not seen (`Constraint.sync`). A request that comes
+  back after preemption, recomputation, a lost worker or a resumed stream arrives with its
+  outputs so far, and gets a fresh matcher that replays them; nothing is carried by the plan.
+- Grammars compile once per spec per worker (an LRU of compiled matchers, copied per request);
+  the engine's tokenizer is built on the first structured request (seconds for a GGUF file,
+  once).
+- Masks are computed for the constrained rows only, in one call over all of them (llguidance
+  runs it on its own threads, without the GIL), and started before the forward pass, on a
+  side thread, so that the batch's forward and the masks overlap (`Grammars.start`).
+- A finished grammar allows only EOS: the request ends there (a bundled step past the end
+  samples EOS again, which the scheduler never delivers).
+- A spec that fails here fails its request alone, with the engine's message; the worker keeps
+  serving (the frontend has already refused what it could).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import llguidance
+import torch
+
+from kvledger.grammar_tokenizer import grammar_tokenizer_at
+from kvledger.structured import StructuredError, StructuredSpec, grammar_of
+
+# Compiled grammars kept per worker; a request copies one (a copy costs about a microsecond).
+MAX_COMPILED = 64
+# The engine's own diagnostics stay off stderr; a failure's message is the request's error.
+QUIET = llguidance.LLParserLimits(verbose_errors=False)
+
+
+@dataclass
+class Constraint:
+    """One request's matcher, and how many of its output tokens it has consumed."""
+
+    matcher: llguidance.LLMatcher
+    eos_token_ids: frozenset[int]
+    consumed: int = 0
+    error: str | None = None
+
+    def sync(self, outputs: Sequence[int]) -> None:
+        """Consume the outputs not seen yet. After the grammar ended, only EOS may follow
+        (sampled again by a bundled step that ran past the end, or under min_tokens)."""
+        for token in outputs[self.consumed :]:
+            if self.error is not None:
+                return
+            if self.matcher.is_stopped() and token in self.eos_token_ids:
+                pass
+            elif not self.matcher.consume_token(token):
+                self.error = "structured output: " + (
+                    self.matcher.get_error() or f"token {token} breaks the grammar"
+                )
+            self.consumed += 1
+        if len(outputs) < self.consumed:  # outputs never shrink; refuse to guess if they do
+            self.error = "structured output: the request's outputs went back"
+
+
+@dataclass
+class Masks:
+    """The allowed tokens of the constrained rows of one sampling batch."""
+
+    rows: list[int]  # rows of the batch, in the order of `bitmask`
+    bitmask: torch.Tensor  # [len(rows), ceil(V / 32)] int32, bit t % 32 of word t // 32
+    errors: dict[int, str] = field(default_factory=dict)  # batch row -> why it fails
+
+
+class Grammars:
+    """One worker's compiled grammars and matchers, for its model's tokenizer."""
+
+    def __init__(
+        self, tokenizer_source: str, vocab_size: int, eos_token_ids: Sequence[int]
+    ) -> None:
+        self.source = tokenizer_source
+        self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)
+        self._compiled: OrderedDict[StructuredSpec, llguidance.LLMatcher] = OrderedDict()
+        self._engine: llguidance.LLExecutor | None = None
+        self._thread: ThreadPoolExecutor | None = None
+
+    def constraint(self, spec: StructuredSpec) -> Constraint:
+        """A fresh matcher for `spec`; StructuredError when it cannot be built here."""
+        tokenizer = grammar_tokenizer_at(self.source, self.vocab_size, self.eos_token_ids)
+        template = self._compiled.get(spec)
+        if template is None:
+            template = llguidance.LLMatcher(tokenizer, grammar_of(spec), log_level=0, limits=QUIET)
+            if template.is_error():
+                raise StructuredError("structured output: " + template.get_error())
+            self._compiled[spec] = template
+            if len(self._compiled) > MAX_COMPILED:
+                self._compiled.popitem(last=False)
+        else:
+            self._compiled.move_to_end(spec)
+        # the model's EOS ids, or what the engine took for EOS when the model names none
+        return Constraint(template.deep_copy(), frozenset(tokenizer.eos_tokens))
+
+    def start(self, rows: list[tuple[int, Constraint, Sequence[int]]]) -> Future[Masks]:
+        """Masks for (batch row, constraint, outputs so far), computed on the side thread."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        return self._thread.submit(self.compute, rows)
+
+    def compute(self, rows: list[tuple[int, Constraint, Sequence[int]]]) -> Masks:
+        words = (self.vocab_size + 31) // 32
+        masks = Masks([row for row, _, _ in rows], torch.zeros(len(rows), words, dtype=torch.int32))
+        live = []
+        for i, (_, constraint, outputs) in enumerate(rows):
+            constraint.sync(outputs)
+            if constraint.error is None:
+                live.append((constraint.matcher, i))
+        if live:
+            if self._engine is None:
+                self._engine = llguidance.LLExecutor()
+            bitmask = masks.bitmask
+            self._engine.unsafe_compute_mask_ptr(live, bitmask.data_ptr(), words * 4, len(rows))
+        for row, constraint, _ in rows:
+            if constraint.error is None and constraint.matcher.is_error():
+                constraint.error = "structured output: " + constraint.matcher.get_error()
+            if constraint.error is not None:
+                masks.errors[row] = constraint.error
+        return masks
+
+
+def allowed(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[n, W] int32 bitmask -> [n, vocab_size] bool, in tensor ops (no per-token Python)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def apply_masks(logits: torch.Tensor, masks: Masks) -> torch.Tensor:
+    """The logits with every token a row's grammar forbids at -inf (rows without a grammar
+    untouched). A row left with nothing (min_tokens masked the EOS the grammar requires) draws
+    among the grammar's tokens alone: the grammar wins, so the output stays valid."""
+    if not masks.rows:
+        return logits
+    rows = torch.tensor(masks.rows, device=logits.device)
+    ok = allowed(masks.bitmask.to(logits.device), logits.shape[1])
+    masked = logits[rows].masked_fill(~ok, float("-inf"))
+    dead = masked.amax(dim=-1) == float("-inf")
+    if bool(dead.any()):
+        masked[dead] = torch.zeros_like(masked[dead]).masked_fill(~ok[dead], float("-inf"))
+    logits = logits.clone()
+    logits[rows] = masked
+    return logits
