@@ -9,8 +9,9 @@ are given; any other value without tools is a 400 (as OpenAI's).
 What each choice asks: `none` describes no tool and parses nothing; `auto` describes the tools
 and parses calls from the text (server/tool_parser.py); a named function and `required` also
 constrain the output (a StructuredSpec), so that every call's arguments parse and validate
-against its function's schema: the named function's arguments object, or for `required` an
-array of one or more `{"name", "arguments"}` objects over the tools (vLLM's scheme)."""
+against its function's schema (server/tool_schema.py): the named function's arguments object,
+or for `required` an array of one or more `{"name", "arguments"}` objects over the tools
+(vLLM's scheme)."""
 
 from __future__ import annotations
 
@@ -28,13 +29,12 @@ from server.errors import APIError
 from server.protocol import SamplingRequest
 from server.structured import model_grammar_tokenizer
 from server.tool_protocol import FunctionDefinition, NamedToolChoice, ToolDefinition
+from server.tool_schema import arguments_schema
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Nesting past this in a parameters schema is refused: the metaschema check and the grammar
 # compiler walk it recursively.
 MAX_SCHEMA_DEPTH = 32
-# A function without parameters takes an empty object.
-NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 MAX_REASON_CHARS = 200
 
 
@@ -82,13 +82,6 @@ class ToolPlan:
         if not self.parallel:
             schema["maxItems"] = 1
         return schema
-
-
-def arguments_schema(function: FunctionDefinition) -> dict[str, Any]:
-    """The schema a call's arguments follow: always an object."""
-    if not function.parameters:
-        return NO_ARGUMENTS
-    return {"type": "object", **function.parameters}
 
 
 def tool_plan(

@@ -12,7 +12,8 @@ import pytest
 from kvledger.config.frontend import Limits
 from server.errors import APIError
 from server.tool_protocol import NamedToolChoice, ToolDefinition
-from server.tools import NO_ARGUMENTS, tool_plan
+from server.tool_schema import NO_ARGUMENTS, closed
+from server.tools import tool_plan
 
 WEATHER = {
     "type": "function",
@@ -121,3 +122,27 @@ def test_required_is_an_array_of_calls_over_the_tools():
     jsonschema.validate(good[:1], one)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(good, one)
+
+
+def test_listed_properties_are_closed_unless_the_schema_says_otherwise():
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"x": {}}},
+            "b": {"type": "array", "items": {"properties": {"y": {}}}},
+            "c": {"anyOf": [{"properties": {"z": {}}}, {"type": "null"}]},
+            "d": {"type": "object", "properties": {}, "additionalProperties": True},
+            "properties": {"type": "object", "patternProperties": {"^p": {}}, "properties": {}},
+        },
+        "$defs": {"e": {"properties": {"w": {}}}},
+    }
+    out = closed(schema)
+    assert out["additionalProperties"] is False
+    props = out["properties"]
+    assert props["a"]["additionalProperties"] is False
+    assert props["b"]["items"]["additionalProperties"] is False
+    assert props["c"]["anyOf"][0]["additionalProperties"] is False
+    assert props["d"]["additionalProperties"] is True
+    assert "additionalProperties" not in props["properties"]
+    assert out["$defs"]["e"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # a copy
