@@ -29,6 +29,8 @@ class Workload:
     vocab_high: int = 30000
     seed: int = 0
     given: tuple[tuple[int, ...], ...] = ()  # "given": the prompts themselves
+    # JSON object merged into every request body (e.g. a response_format constraint)
+    extra_body: str = ""
 
     def prompts(self) -> list[list[int]]:
         rng = random.Random(self.seed)
@@ -101,6 +103,7 @@ async def one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int]
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **(json.loads(wl.extra_body) if wl.extra_body else {}),
     }
     start = time.perf_counter()
     first, last, gaps, tokens, cached = None, 0.0, [], 0, None

@@ -13,6 +13,11 @@ tokens/s, requests/s, TTFT and inter-token latency p50/p90/p99 (between streamed
 per output token (per request, after the first; the same however many tokens an event holds),
 and the share of prompt tokens
 the server says it served from its prefix cache; --json writes every figure.
+
+--compare-json-schema runs the same workload twice on one kvledger, free and then constrained
+to a JSON schema (an array of at least --max-tokens integers, so both runs generate exactly
+--max-tokens tokens a request): the cost of the grammar masks (docs/structured-outputs.md).
+It needs a model with a byte-level tokenizer: --model smollm2-135m-instruct.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import json
 import shlex
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -40,6 +46,27 @@ def kvledger(caching: bool, wl: Workload, args: argparse.Namespace) -> Summary:
             return asyncio.run(
                 drive(served.url, args.model, wl, args.concurrency, args.request_rate, name)
             )
+        finally:
+            served.stop()
+
+
+def json_schema_body(max_tokens: int) -> str:
+    """A constraint that never ends before max_tokens (no EOS while the grammar is open)."""
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": max_tokens}
+    fmt = {"type": "json_schema", "json_schema": {"name": "ints", "schema": schema}}
+    return json.dumps({"response_format": fmt, "ignore_eos": False})
+
+
+def compare_json_schema(wl: Workload, args: argparse.Namespace) -> list[Summary]:
+    constrained = replace(wl, extra_body=json_schema_body(wl.max_tokens))
+    with tempfile.TemporaryDirectory() as tmp:
+        extra = ["--model", args.model, *shlex.split(args.serve_args)]
+        served = start_serve(Path(tmp), *extra, debug_invariants=False, timeout=900)
+        try:
+            return [
+                asyncio.run(drive(served.url, args.model, w, args.concurrency, None, name))
+                for w, name in ((wl, "free"), (constrained, "json_schema"))
+            ]
         finally:
             served.stop()
 
@@ -76,6 +103,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--request-rate", type=float, help="Poisson arrivals per second")
     ap.add_argument("--compare-prefix-caching", action="store_true")
+    ap.add_argument(
+        "--compare-json-schema",
+        action="store_true",
+        help="free vs constrained to a JSON schema, on one kvledger (needs a byte-level "
+        "tokenizer: --model smollm2-135m-instruct)",
+    )
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument(
         "--serve-args",
@@ -91,6 +124,8 @@ def main() -> None:
                 drive(args.url, args.model, wl, args.concurrency, args.request_rate, args.url)
             )
         ]
+    elif args.compare_json_schema:
+        summaries = compare_json_schema(wl, args)
     elif args.compare_prefix_caching:
         summaries = [kvledger(True, wl, args), kvledger(False, wl, args)]
     else:

@@ -90,3 +90,17 @@ def test_static_batches_pad_on_the_left_and_mask_the_padding():
     ids, mask = left_padded([[5, 6, 7], [8, 9]], "cpu")
     assert ids.tolist() == [[5, 6, 7], [0, 8, 9]]
     assert mask.tolist() == [[1, 1, 1], [0, 1, 1]]
+
+
+def test_the_json_schema_comparison_cannot_end_before_max_tokens():
+    """Every item takes a token at least, so the constrained run generates max_tokens tokens a
+    request, as the free run (ignore_eos) does; the constraint rides in each request body."""
+    import json
+
+    from benchmarks.serving import json_schema_body
+
+    body = json.loads(json_schema_body(64))
+    schema = body["response_format"]["json_schema"]["schema"]
+    assert schema["minItems"] == 64 and body["ignore_eos"] is False
+    wl = Workload(extra_body=json_schema_body(64))
+    assert json.loads(wl.extra_body) == body

@@ -181,10 +181,6 @@ def test_a_lone_surrogate_in_template_kwargs_is_a_400(http):
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 COMPLETION = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
 NOT_SERVED = [
-    ("guided_json", {"type": "object"}),
-    ("guided_choice", ["a", "b"]),
-    ("guided_regex", "a+"),
-    ("structured_outputs", {"json": {}}),
     ("use_beam_search", True),
     ("prompt_logprobs", 1),
     ("best_of", 3),
@@ -201,6 +197,28 @@ CHAT_ONLY = [
 def test_parameters_not_implemented_are_refused_by_name(http, path, name, value):
     base = CHAT if path.endswith("chat/completions") else COMPLETION
     _refused(http.post(path, json={**base, name: value}), name)
+
+
+# Structured outputs need a tokenizer with fixed token bytes; tiny-llama's is WordPiece.
+STRUCTURED = [
+    ("guided_json", {"type": "object"}),
+    ("guided_choice", ["a", "b"]),
+    ("guided_regex", "a+"),
+    ("structured_outputs", {"json": {}}),
+    ("response_format", {"type": "json_object"}),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), STRUCTURED)
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_structured_outputs_on_a_wordpiece_model_are_refused_by_name(http, path, name, value):
+    base = CHAT if path.endswith("chat/completions") else COMPLETION
+    _refused(http.post(path, json={**base, name: value}), name, "not available for this model")
+
+
+def test_a_structured_spec_past_its_bound_is_refused(http):
+    reply = http.post("/v1/completions", json={**COMPLETION, "guided_regex": "a" * 70_000})
+    _refused(reply, "guided_regex", "at most 65536 characters")
 
 
 @pytest.mark.parametrize(("name", "value"), CHAT_ONLY)

@@ -1,0 +1,193 @@
+"""The sampler's grammar masks (worker/constraints.py), on a small byte-level tokenizer and
+random logits: every structured row samples only what its grammar allows, greedy and random
+alike, while other rows of the batch sample as before; a finished grammar forces EOS (even
+against min_tokens); a matcher rebuilt from a request's outputs is where the old one was; a
+spec that does not compile fails its request with a message; and a random walk through a JSON
+schema's grammar always ends in JSON that validates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from kvledger.structured import StructuredError, StructuredSpec, choice_spec, json_schema_spec
+from server.token_bytes import byte_of_char
+from worker.batch import SeqChunk
+from worker.constraints import Grammars, allowed
+from worker.sampler import Sampler
+from worker.sampling_params import SamplingParams
+
+EOS = 258  # after the 256 byte tokens and two merges
+VOCAB = 300  # wider than the tokenizer: ids 259.. name no token and are never allowed
+PROMPT = [1, 2, 3]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    """Byte-level BPE: a token per byte, `"` `:` and `{"` merged, and `<eos>`."""
+    char = {b: c for c, b in byte_of_char().items()}
+    vocab = {char[b]: b for b in range(256)}
+    merges = [(char[ord('"')], char[ord(":")]), (char[ord("{")], char[ord('"')])]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken("<eos>", special=True)])
+    out = tmp_path_factory.mktemp("byte-tokenizer")
+    tokenizer.save(str(out / "tokenizer.json"))
+    return out
+
+
+@pytest.fixture
+def grammars(tokenizer_dir) -> Grammars:
+    return Grammars(str(tokenizer_dir), VOCAB, [EOS])
+
+
+def chunk(grammars: Grammars, spec: StructuredSpec | None, outputs: list[int], **kw) -> SeqChunk:  # noqa: ANN003
+    tokens = PROMPT + outputs
+    return SeqChunk(
+        "r",
+        tokens[-1:],
+        len(tokens) - 1,
+        [0],
+        True,
+        SamplingParams(**kw),
+        tokens,
+        len(PROMPT),
+        constraint=grammars.constraint(spec) if spec else None,
+    )
+
+
+def sample(grammars: Grammars, logits: torch.Tensor, chunks: list[SeqChunk]) -> list:
+    rows = [
+        (i, c.constraint, c.all_token_ids[c.num_prompt_tokens :])
+        for i, c in enumerate(chunks)
+        if c.constraint is not None
+    ]
+    masks = grammars.start(rows).result() if rows else None
+    return Sampler(0)(logits, chunks, masks)
+
+
+def text(ids: list[int]) -> str:
+    char = {b: c for c, b in byte_of_char().items()}
+    pieces = {b: bytes([b]) for b in range(256)} | {256: b'":', 257: b'{"'}
+    assert char  # the byte table is the tokenizer's
+    return b"".join(pieces[i] for i in ids).decode()
+
+
+def test_the_bitmask_unpacks_to_the_allowed_ids():
+    mask = torch.tensor([[0b101, -(2**31), 1]], dtype=torch.int32)  # bit 31: the sign bit
+    ok = allowed(mask, 70)
+    assert ok.shape == (1, 70)
+    assert ok[0].nonzero().flatten().tolist() == [0, 2, 63, 64]
+
+
+def test_greedy_picks_the_best_allowed_token_and_other_rows_are_untouched(grammars):
+    logits = torch.randn(3, VOCAB)
+    logits[:, ord("z")] = 50.0  # the free favourite, which no grammar here allows
+    chunks = [
+        chunk(grammars, choice_spec(["yes", "no"]), []),
+        chunk(grammars, None, []),
+        chunk(grammars, StructuredSpec("regex", "[0-9]+"), []),
+    ]
+    out = [s.token_id for s in sample(grammars, logits, chunks)]
+    assert out[0] == max((ord("y"), ord("n")), key=lambda t: logits[0, t])
+    assert out[1] == ord("z")
+    digits = range(ord("0"), ord("9") + 1)
+    assert out[2] == max(digits, key=lambda t: logits[2, t])
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 2.0])
+def test_random_rows_draw_only_allowed_tokens(grammars, temperature):
+    logits = torch.randn(32, VOCAB) * 4
+    spec = StructuredSpec("regex", "[a-c]{2}")
+    chunks = [chunk(grammars, spec, [], temperature=temperature, seed=s) for s in range(32)]
+    assert {s.token_id for s in sample(grammars, logits, chunks)} <= {97, 98, 99}
+
+
+def test_a_finished_grammar_forces_eos_even_against_min_tokens(grammars):
+    spec = choice_spec(["ab"])
+    logits = torch.randn(2, VOCAB)
+    chunks = [
+        chunk(grammars, spec, [97, 98], temperature=1.0, seed=3),
+        chunk(grammars, spec, [97, 98, EOS], min_tokens=9, min_tokens_masked=(EOS,)),
+    ]
+    assert [s.token_id for s in sample(grammars, logits, chunks)] == [EOS, EOS]
+
+
+def test_a_rebuilt_matcher_replays_the_outputs(grammars):
+    """A request placed again (preemption, a lost worker, a resumed stream) gets a fresh
+    matcher with its outputs so far: it allows what the one that saw them one by one does."""
+    spec = json_schema_spec({"type": "object", "properties": {"k": {"type": "integer"}}})
+    outputs = [257, 107, 256, 32]  # {"k":␠
+    walked = chunk(grammars, spec, [])
+    for n in range(1, len(outputs) + 1):
+        walked.all_token_ids = PROMPT + outputs[:n]
+        grammars.compute([(0, walked.constraint, outputs[:n])])
+    fresh = chunk(grammars, spec, outputs)
+    a = grammars.compute([(0, walked.constraint, outputs)]).bitmask
+    b = grammars.compute([(0, fresh.constraint, outputs)]).bitmask
+    assert torch.equal(a, b)
+    assert allowed(a, VOCAB)[0].nonzero().flatten().tolist() == [ord("-"), *range(48, 58)]
+
+
+def test_a_token_the_grammar_refuses_fails_the_request_alone(grammars):
+    chunks = [chunk(grammars, choice_spec(["ab"]), [ord("x")]), chunk(grammars, None, [])]
+    out = sample(grammars, torch.randn(2, VOCAB), chunks)
+    assert out[0].error is not None and "structured output" in out[0].error
+    assert out[1].error is None
+
+
+def test_a_spec_that_does_not_compile_is_refused_by_name(grammars):
+    with pytest.raises(StructuredError, match="regex|unclosed"):
+        grammars.constraint(StructuredSpec("regex", "a(b"))
+    with pytest.raises(StructuredError, match="not valid JSON"):
+        grammars.constraint(StructuredSpec("json", "{"))
+
+
+def test_grammars_compile_once_per_spec(grammars):
+    spec = StructuredSpec("regex", "x+")
+    grammars.constraint(spec)
+    grammars.constraint(StructuredSpec("regex", "y+"))
+    compiled = dict(grammars._compiled)
+    grammars.constraint(spec)
+    assert grammars._compiled[spec] is compiled[spec]
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "n": {"type": "integer", "minimum": -5, "maximum": 500},
+        "ok": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b\\"]}, "maxItems": 3},
+    },
+    "required": ["name", "n", "ok", "tags"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_random_walk_through_a_schema_always_validates(grammars, seed):
+    """Random logits stand in for a model: whatever it prefers, the output parses and
+    validates, and the grammar ends it with EOS."""
+    spec = json_schema_spec(SCHEMA)
+    torch.manual_seed(seed)
+    outputs: list[int] = []
+    c = chunk(grammars, spec, [], temperature=1.0, seed=seed)
+    for _ in range(200):
+        c.all_token_ids = PROMPT + outputs
+        c.start_pos = len(c.all_token_ids) - 1
+        token = sample(grammars, torch.randn(1, VOCAB) * 3, [c])[0].token_id
+        if token == EOS:
+            break
+        outputs.append(token)
+    else:
+        pytest.fail(f"no EOS after 200 tokens: {text(outputs)!r}")
+    jsonschema.validate(json.loads(text(outputs)), SCHEMA)
