@@ -67,12 +67,12 @@ def with_parsed_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]
     """For a template that reads tools: each call's arguments as an object, as transformers'
     templates expect them."""
     out = []
-    for i, message in enumerate(messages):
+    for message in messages:
         if "tool_calls" in message:
             message = dict(message)
             message["tool_calls"] = [
-                {**c, "function": {**c["function"], "arguments": _arguments(c, i, j)}}
-                for j, c in enumerate(message["tool_calls"])
+                {**c, "function": {**c["function"], "arguments": _arguments(c)}}
+                for c in message["tool_calls"]
             ]
         out.append(message)
     return out
@@ -87,7 +87,7 @@ def hermes_messages(
     strings are already escaped (server/plain_content.py); `escape` escapes the tools' JSON,
     so the tags the server writes are the only markup."""
     out: list[dict[str, Any]] = []
-    for i, message in enumerate(messages):
+    for message in messages:
         role = message["role"]
         if role == "tool":
             result = f"<tool_response>\n{message.get('content', '')}\n</tool_response>"
@@ -96,7 +96,7 @@ def hermes_messages(
             else:
                 out.append({"role": "user", "content": result, "_results": True})
         elif role == "assistant" and message.get("tool_calls"):
-            out.append({**_without(message, "tool_calls"), "content": _calls_text(message, i)})
+            out.append({**_without(message, "tool_calls"), "content": _calls_text(message)})
         else:
             out.append(_without(message, "tool_call_id"))
     out = [_without(m, "_results") for m in out]
@@ -111,28 +111,24 @@ def hermes_messages(
     return out
 
 
-def _calls_text(message: dict[str, Any], index: int) -> str:
+def _calls_text(message: dict[str, Any]) -> str:
     tags = []
-    for j, call in enumerate(message["tool_calls"]):
-        body = {"name": call["function"]["name"], "arguments": _arguments(call, index, j)}
+    for call in message["tool_calls"]:
+        body = {"name": call["function"]["name"], "arguments": _arguments(call)}
         tags.append(f"<tool_call>\n{_dumps(body)}\n</tool_call>")
     content = message.get("content") or ""
     return "\n".join([content, *tags] if content else tags)
 
 
-def _arguments(call: dict[str, Any], index: int, j: int) -> dict[str, Any]:
+def _arguments(call: dict[str, Any]) -> dict[str, Any] | str:
+    """The call's arguments as an object; text that is not one (OpenAI takes any string, and
+    a call cut short by max_tokens comes back so) stays the string it is."""
+    text = call["function"]["arguments"]
     try:
-        arguments = json.loads(call["function"]["arguments"])
+        arguments = json.loads(text)
     except (ValueError, RecursionError):
-        arguments = None
-    if not isinstance(arguments, dict):
-        raise APIError(
-            400,
-            f"messages[{index}].tool_calls[{j}].function.arguments must be the JSON text of an "
-            "object",
-            param=f"messages.{index}.tool_calls",
-        )
-    return arguments
+        return text
+    return arguments if isinstance(arguments, dict) else text
 
 
 def _dumps(value: Any) -> str:
