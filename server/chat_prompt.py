@@ -17,6 +17,13 @@ from server.client import ServedModel
 from server.errors import APIError
 from server.plain_content import Escaper, MarkerError, encode_plain_spans
 from server.tokens import check_text_fits, too_long
+from server.tool_prompt import (
+    check_tool_messages,
+    hermes_messages,
+    tool_dicts,
+    with_parsed_arguments,
+)
+from server.tools import ToolPlan
 
 DEFAULT_LIMITS = Limits()
 
@@ -27,7 +34,10 @@ def chat_prompt(
     model: ServedModel,
     limits: Limits = DEFAULT_LIMITS,
     special_tokens_in_content: bool = False,
+    tools: ToolPlan | None = None,
 ) -> list[int]:
+    """`tools`: the request's tools (server/tools.py), rendered as the template reads them or
+    in the Hermes format (server/tool_prompt.py)."""
     template = _template_of(model)
     if options.add_generation_prompt and options.continue_final_message:
         raise APIError(
@@ -45,7 +55,8 @@ def chat_prompt(
         # every field a client set, but its role (which the template matches on)
         plain = [{k: v if k == "role" else escaper.escape(v) for k, v in m.items()} for m in plain]
         kwargs = escaper.escape(kwargs)
-    text = _render(template, plain, options, kwargs, model)
+    plain, tool_list = _with_tools(template, plain, tools, escaper)
+    text = _render(template, plain, options, kwargs, model, tool_list)
     spans: list[tuple[int, int]] = []
     if escaper is not None:
         try:
@@ -79,6 +90,25 @@ def check_messages(messages: list[ChatMessage], limits: Limits) -> None:
     check_count(parts, limits.max_content_parts, "messages", "content parts")
     for message in messages:
         check_names(limits, name=message.name)
+    check_tool_messages(messages, limits)
+
+
+def _with_tools(
+    template: ChatTemplate,
+    messages: list[dict[str, Any]],
+    tools: ToolPlan | None,
+    escaper: Escaper | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The messages and the `tools` variable the template gets (server/tool_prompt.py)."""
+    offered = tool_dicts(tools.offered) if tools else []
+    escape = escaper.escape if escaper is not None else _same
+    if template.reads_tools:
+        return with_parsed_arguments(messages), escape(offered) or None
+    return hermes_messages(messages, offered, escape), None
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _render(
@@ -87,6 +117,7 @@ def _render(
     options: ChatTemplateOptions,
     kwargs: dict[str, Any] | None,
     model: ServedModel,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     try:
         return template.render(
@@ -95,6 +126,7 @@ def _render(
             continue_final_message=options.continue_final_message,
             extra=kwargs,
             max_chars=model.max_prompt_chars,
+            tools=tools,
         )
     except RenderTooLong:
         raise too_long(model, "messages", "the rendered messages") from None

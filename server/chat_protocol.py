@@ -14,16 +14,24 @@ from pydantic import (
 from kvledger.rpc import MAX_LOGPROBS
 from server.protocol import INT32_MAX, REQUEST_CONFIG, SamplingRequest, text_fields
 from server.responses import Usage
+from server.tool_protocol import (
+    MessageToolCall,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    ToolDefinition,
+    tool_calls_field,
+)
+
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 # Parameters of OpenAI's chat API this server does not implement: a request that sets one is a
 # 400 naming it, never a reply that silently ignores it.
 UNSUPPORTED = (
-    "tools",
-    "tool_choice",
+    # OpenAI's deprecated names for tools and tool_choice (refused with a pointer to those)
     "functions",
     "function_call",
     "audio",
-    "parallel_tool_calls",
     # a request's own template would run a client's code in the server's sandbox
     "chat_template",
     "echo",
@@ -41,12 +49,17 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """A message of the conversation: an assistant's may carry the `tool_calls` it made (its
+    content then may be null), a `tool` message the result of one, by `tool_call_id`."""
+
     model_config = REQUEST_CONFIG
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
 
-    _check_text = text_fields("content", "name")
+    _check_text = text_fields("content", "name", "tool_call_id")
 
 
 class ChatTemplateOptions(BaseModel):
@@ -65,8 +78,8 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
     functions: list[Any] | None = None
     function_call: Any = None
     audio: Any = None
@@ -98,14 +111,15 @@ class ChoiceLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = tool_calls_field()
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None
-    finish_reason: Literal["stop", "length"] | None
+    finish_reason: FinishReason | None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -123,6 +137,7 @@ class Delta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer(mode="wrap")
     def _set_fields_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -133,7 +148,7 @@ class ChatChunkChoice(BaseModel):
     index: int
     delta: Delta
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: FinishReason | None = None
 
 
 class ChatCompletionChunk(BaseModel):

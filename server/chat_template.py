@@ -19,6 +19,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -88,6 +89,7 @@ class ChatTemplate:
         continue_final_message: bool = False,
         extra: dict[str, Any] | None = None,
         max_chars: int | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """The prompt text. `extra` (chat_template_kwargs) adds variables the template reads;
         it may not replace one the server sets (RESERVED_NAMES). Rendering stops, with
@@ -105,7 +107,7 @@ class ChatTemplate:
             raise ReservedKwarg(reserved[0])
         variables = {**self.special_tokens, **(extra or {})}
         variables.update(messages=messages, add_generation_prompt=add_generation_prompt)
-        variables.update(tools=None, documents=None)
+        variables.update(tools=tools or None, documents=None)
         try:
             text = _bounded(_compiled(self.source).generate(**variables), max_chars)
         except RenderTooLong:
@@ -117,6 +119,12 @@ class ChatTemplate:
         if final is not None:
             text = _cut_at_tag(text)
         return text
+
+    @property
+    def reads_tools(self) -> bool:
+        """Whether the template renders `tools` itself (else server/tool_prompt.py writes
+        them, and the calls and results of the conversation, in the Hermes format)."""
+        return "tools" in _variables(self.source)
 
 
 class ReservedKwarg(ChatTemplateError):
@@ -203,6 +211,16 @@ def _compiled(source: str) -> jinja2.Template:
     env.globals["strftime_now"] = _strftime_now
     try:
         return env.from_string(source)
+    except jinja2.TemplateSyntaxError as err:
+        raise ChatTemplateError(f"the chat template does not parse: {err}") from None
+
+
+@lru_cache(maxsize=16)
+def _variables(source: str) -> frozenset[str]:
+    """The variables a template reads from its context (jinja2's own analysis)."""
+    env = ImmutableSandboxedEnvironment(extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
+    try:
+        return frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
     except jinja2.TemplateSyntaxError as err:
         raise ChatTemplateError(f"the chat template does not parse: {err}") from None
 

@@ -73,6 +73,12 @@ class Limits:
         "with one counted for each other value; a regex, grammar or the choices); a schema "
         "also nests at most 64 levels",
     )
+    max_tools: int = option(128, "most tools (functions) one chat request offers")
+    max_tools_chars: int = option(
+        65536,
+        "most characters in a chat request's tools (names, descriptions and parameter schemas: "
+        "keys and strings, with one counted for each other value)",
+    )
 
 
 @dataclass(frozen=True)

@@ -12,27 +12,23 @@ from server.body_offload import OffLoopBodyRoute
 from server.chat_prompt import chat_prompt
 from server.chat_protocol import (
     UNSUPPORTED,
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChoiceLogprobs,
-    Delta,
-    TokenLogprob,
-    TopLogprob,
 )
+from server.chat_view import ChatView
 from server.client import ServedModel
 from server.deps import model_for, scheduler, settings_of, tenant, tenant_salt, tenant_tag
 from server.errors import APIError, error_responses
-from server.generation import Choice, Generation, TokenEntry, merged, stream_text
+from server.generation import Generation, merged
 from server.offload import off_loop
 from server.sampling import Plan, build_generation, check_request
-from server.streaming import drain, event, sse_response, until_disconnect
-from server.tokens import token_text
+from server.streaming import drain, sse_response, until_disconnect
+from server.tools import ToolPlan, tool_constraint, tool_plan
 
 router = APIRouter(route_class=OffLoopBodyRoute)
+# OpenAI's old names, refused with the one to use instead.
+DEPRECATED = {"functions": "tools", "function_call": "tool_choice"}
 
 
 @router.post(
@@ -54,9 +50,11 @@ async def chat_completions(
     salt = tenant_salt(who, body.cache_salt)
     # Off the event loop, as completions: rendering and tokenizing take their time.
     settings = settings_of(request)
-    generation = await off_loop(request, _prepare, body, model, salt, tenant_tag(who), settings)
+    generation, tools = await off_loop(
+        request, _prepare, body, model, salt, tenant_tag(who), settings
+    )
     events = merged(generation, scheduler(request))
-    view = _ChatView(body, generation)
+    view = ChatView(body, generation, tools)
     if body.stream:
         return await sse_response(request, events, view.chunks, view.tail)
     await until_disconnect(request, drain(events))
@@ -68,6 +66,14 @@ def refuse_unsupported(body: ChatCompletionRequest) -> None:
     for name in UNSUPPORTED:
         value = getattr(body, name)
         if value is not None and value is not False and value != [] and value != "none":
+            instead = DEPRECATED.get(name)
+            if instead:
+                raise APIError(
+                    400,
+                    f"`{name}` (deprecated by OpenAI) is not supported by this server; use "
+                    f"`{instead}`",
+                    param=name,
+                )
             raise APIError(400, f"`{name}` is not supported by this server", param=name)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
@@ -75,10 +81,14 @@ def refuse_unsupported(body: ChatCompletionRequest) -> None:
 
 def _prepare(
     body: ChatCompletionRequest, model: ServedModel, salt: str, tag: str, settings: Settings
-) -> Generation:
+) -> tuple[Generation, ToolPlan | None]:
     spec = check_request(body, model, settings.limits, 1)
+    limits = settings.limits
+    tools = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls, limits)
+    if tools is not None:
+        spec = tool_constraint(tools, spec, body, model)
     prompt = chat_prompt(
-        body.messages, body, model, settings.limits, settings.special_tokens_in_content
+        body.messages, body, model, limits, settings.special_tokens_in_content, tools
     )
     plan = Plan(
         id_prefix="chatcmpl",
@@ -87,88 +97,4 @@ def _prepare(
         prompt_param="messages",
         structured=spec,
     )
-    return build_generation(body, model, [prompt], salt, tag, plan)
-
-
-class _ChatView:
-    """How a chat completion looks: its response, or its stream of chunks."""
-
-    def __init__(self, body: ChatCompletionRequest, generation: Generation) -> None:
-        self.body = body
-        self.generation = generation
-        self.model = generation.model
-
-    def response(self) -> ChatCompletionResponse:
-        choices = [
-            ChatChoice(
-                index=c.index,
-                message=AssistantMessage(content=c.text),
-                logprobs=self._logprobs(c.entries),
-                finish_reason=c.finish_reason,
-            )
-            for c in self.generation.choices
-        ]
-        g = self.generation
-        return ChatCompletionResponse(
-            id=g.id, created=g.created, model=self.model.name, choices=choices, usage=g.usage()
-        )
-
-    def chunks(self, choice: Choice) -> list[str]:
-        """The role first, then content deltas, then the finish reason, each its own chunk."""
-        out = []
-        if not choice.started:
-            choice.started = True
-            out.append(self._chunk(choice, Delta(role="assistant", content="")))
-        if choice.closed:
-            return out
-        text = stream_text(choice, self.generation.holdback)
-        entries = choice.take_entries() if choice.entries is not None else None
-        if text or entries:
-            out.append(self._chunk(choice, Delta(content=text), self._logprobs(entries)))
-        if choice.finish_reason is not None:
-            choice.closed = True
-            out.append(self._chunk(choice, Delta(), finish=choice.finish_reason))
-        return out
-
-    def tail(self) -> list[str]:
-        if not self.body.include_usage:
-            return []
-        g = self.generation
-        chunk = ChatCompletionChunk(
-            id=g.id, created=g.created, model=self.model.name, choices=[], usage=g.usage()
-        )
-        return [event(chunk)]
-
-    def _chunk(
-        self,
-        choice: Choice,
-        delta: Delta,
-        logprobs: ChoiceLogprobs | None = None,
-        finish: str | None = None,
-    ) -> str:
-        g = self.generation
-        part = ChatChunkChoice(
-            index=choice.index, delta=delta, logprobs=logprobs, finish_reason=finish
-        )
-        chunk = ChatCompletionChunk(id=g.id, created=g.created, model=self.model.name,
-                                    choices=[part])  # fmt: skip
-        return event(chunk, exclude=None if self.body.include_usage else {"usage"})
-
-    def _logprobs(self, entries: list[TokenEntry] | None) -> ChoiceLogprobs | None:
-        if entries is None:
-            return None
-        return ChoiceLogprobs(content=[self._entry(e) for e in entries])
-
-    def _entry(self, entry: TokenEntry) -> TokenLogprob:
-        top = [self._top(t, lp) for t, lp in entry.top][: self.body.top_logprobs or 0]
-        token = entry.token_id
-        return TokenLogprob(
-            token=token_text(self.model, token),
-            logprob=entry.logprob,
-            bytes=list(self.model.token_bytes(token)),
-            top_logprobs=top,
-        )
-
-    def _top(self, token: int, logprob: float) -> TopLogprob:
-        text = token_text(self.model, token)
-        return TopLogprob(token=text, logprob=logprob, bytes=list(self.model.token_bytes(token)))
+    return build_generation(body, model, [prompt], salt, tag, plan), tools

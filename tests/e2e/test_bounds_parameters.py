@@ -24,8 +24,6 @@ NOT_SERVED = [
 CHAT_ONLY = [
     ("echo", True),
     ("chat_template", "{{ messages }}"),
-    ("parallel_tool_calls", True),
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
 ]
 
 

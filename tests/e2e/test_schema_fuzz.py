@@ -94,6 +94,8 @@ def api_schema(served):
                 "small": {"values": [0, 1, 2, 3, 4, 5, 8]},
                 "widths": {"values": [1, 16, 256, 384, 385]},
                 "texts": {"values": ["The ledger says", "x", "東京 🎉 café", "[CLS] a [SEP]"]},
+                # tool_choice other than none needs valid tools (and forced calls a BPE model)
+                "tool_choices": {"values": ["none"]},
             },
             "parameters": {
                 "body.max_tokens": {"dictionary": "small", "probability": 0.7},
@@ -101,6 +103,7 @@ def api_schema(served):
                 "body.dimensions": {"dictionary": "widths", "probability": 0.7},
                 "body.prompt": {"dictionary": "texts", "probability": 0.5},
                 "body.input": {"dictionary": "texts", "probability": 0.5},
+                "body.tool_choice": {"dictionary": "tool_choices", "probability": 0.7},
             },
             "generation": {"mode": "all", "max-examples": MAX_EXAMPLES, "unique-inputs": True},
             "phases": {
