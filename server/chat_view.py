@@ -15,7 +15,7 @@ from server.chat_protocol import (
     TokenLogprob,
     TopLogprob,
 )
-from server.generation import Choice, Generation, TokenEntry, stream_text
+from server.choice import Choice, Generation, TokenEntry, stream_text
 from server.streaming import event
 from server.tokens import token_text
 from server.tool_output import ToolOutput, stream_parts, tool_output, whole

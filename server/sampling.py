@@ -11,10 +11,10 @@ from kvledger.log import REQUEST_ID
 from kvledger.structured import StructuredSpec
 from protos import frontend_pb2
 from server.bounds import check_names, check_sampling_lists
+from server.choice import Choice, Generation
 from server.client import ServedModel
 from server.detokenizer import IncrementalDetokenizer
 from server.errors import APIError
-from server.generation import Choice, Generation
 from server.limits import Limits, check_sampling_limits
 from server.protocol import NOT_IMPLEMENTED, SamplingRequest
 from server.structured import check_structured, structured_spec, to_wire

@@ -12,8 +12,8 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
+from server.choice import Choice
 from server.errors import APIError
-from server.generation import Choice
 
 T = TypeVar("T")
 

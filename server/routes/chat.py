@@ -17,10 +17,11 @@ from server.chat_protocol import (
     ChatCompletionResponse,
 )
 from server.chat_view import ChatView
+from server.choice import Generation
 from server.client import ServedModel
 from server.deps import model_for, scheduler, settings_of, tenant, tenant_salt, tenant_tag
 from server.errors import APIError, error_responses
-from server.generation import Generation, merged
+from server.generation import merged
 from server.offload import off_loop
 from server.sampling import Plan, build_generation, check_request
 from server.streaming import drain, sse_response, until_disconnect

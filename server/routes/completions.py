@@ -7,10 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from server.body_offload import OffLoopBodyRoute
+from server.choice import Choice, Generation, TokenEntry, stream_text
 from server.client import ServedModel
 from server.deps import model_for, scheduler, settings_of, tenant, tenant_salt, tenant_tag
 from server.errors import APIError, error_responses
-from server.generation import Choice, Generation, TokenEntry, merged, stream_text
+from server.generation import merged
 from server.limits import Limits
 from server.offload import off_loop
 from server.protocol import CompletionRequest

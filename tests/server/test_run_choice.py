@@ -12,9 +12,10 @@ from grpc.aio import AioRpcError, Metadata
 
 from kvledger.rpc import ADMITTED
 from protos import frontend_pb2
+from server.choice import Choice, Generation
 from server.detokenizer import IncrementalDetokenizer
 from server.errors import APIError
-from server.generation import Choice, Generation, run_choice
+from server.generation import run_choice
 
 
 class Ids:
