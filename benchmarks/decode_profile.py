@@ -14,6 +14,10 @@ drift in machine load falls on all alike:
 - `sample`: the sampler (greedy);
 - `step`: the whole `execute`, for the parts' sum to be checked against.
 
+With --threads 1 each part is timed by the calling thread's CPU clock (`time.thread_time`), not
+the wall clock: on a machine shared with other busy processes that leaves out the time they held
+the core (with more threads, OpenMP's barriers make any part wait for a descheduled thread).
+
 Then torch.profiler's self CPU time of one forward+head by operator (a share of the profiled
 total: the profiler adds a few microseconds an operator, so small ops weigh more there than in
 a real step), and the count of operators a step dispatches. --trace writes a Chrome trace.
@@ -73,6 +77,7 @@ def parts(runner: ModelRunner, chunk: SeqChunk) -> dict[str, Callable[[], object
 
 def race(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Median microseconds of each part, the parts taking turns (order reversed every round)."""
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     samples: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
     with torch.inference_mode():
@@ -80,9 +85,9 @@ def race(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]
             fn()
         for i in range(repeats):
             for name in names if i % 2 == 0 else names[::-1]:
-                started = time.perf_counter()
+                started = clock()
                 fns[name]()
-                samples[name].append(time.perf_counter() - started)
+                samples[name].append(clock() - started)
     return {name: statistics.median(s) * 1e6 for name, s in samples.items()}
 
 
@@ -131,6 +136,7 @@ def main() -> None:
     print(
         f"{args.model}, quantized {runner.quantized}, context {args.context_len}, "
         f"{torch.get_num_threads()} threads, median of {args.repeats}"
+        + (" (CPU time)" if torch.get_num_threads() == 1 else " (wall time)")
     )
     summed = sum(v for k, v in us.items() if k != "step")
     for name, value in us.items():
