@@ -1,7 +1,7 @@
 """Quantized (GGUF blocks, `worker/quant/`) against float32 linear layers, on this machine.
 
     .venv/bin/python benchmarks/quant_linear.py [--rows 1,16] [--types Q8_0,Q4_0,Q4_1]
-        [--isa auto] [--threads N] [--repeats 30]
+        [--isa auto] [--activations float|int8] [--threads N] [--repeats 30]
 
 For each weight shape of SmolLM2-135M ([out, in]: q/o 576x576, gate/up 1536x576, down
 576x1536, k/v 192x576, LM head 49152x576) and each row count (1 = a batch-1 decode step), the
@@ -9,6 +9,7 @@ median ms of `y = x @ W.T` as the worker runs it in float32 (`CpuMatmul`: oneDNN
 weight, and the input-major copy a small model keeps for one row) and as `QuantizedLinear` over
 the same weights quantized by `gguf.quants.quantize`, with the bytes each holds and the
 quantized output's largest error relative to the float32 product of the dequantized weight.
+--activations int8 times the int8-activation kernels (`--quantization gguf-int8`) instead.
 Timings take turns (A/B interleaved, `linear_layouts.median_ms`) so drifts hit both alike; on a
 shared machine read them as rough ratios.
 """
@@ -44,12 +45,16 @@ def main() -> None:
     ap.add_argument("--rows", default="1,16")
     ap.add_argument("--types", default="Q8_0,Q4_0,Q4_1")
     ap.add_argument("--isa", default="auto", choices=["auto", "scalar", "avx2", "avx512"])
+    ap.add_argument("--activations", default="float", choices=["float", "int8"])
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
-    print(f"torch {torch.__version__}, {args.threads} threads, isa {args.isa}; median ms")
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, isa {args.isa}, "
+        f"{args.activations} activations; median ms"
+    )
     print("| weight | [out, in] | type | rows | float32 | quantized | f32 / quant | MiB f32 -> q |")
     print("|---|---|---|---:|---:|---:|---:|---|")
     for name, (out_f, in_f) in SHAPES.items():
@@ -59,7 +64,13 @@ def main() -> None:
             blocks = quantize(w, qtype)
             dq = torch.from_numpy(dequantize(blocks, qtype).copy())
             dense = CpuMatmul(dq, both_layouts=True)
-            quant = QuantizedLinear(in_f, torch.from_numpy(blocks.copy()), int(qtype), isa=args.isa)
+            quant = QuantizedLinear(
+                in_f,
+                torch.from_numpy(blocks.copy()),
+                int(qtype),
+                isa=args.isa,
+                activations=args.activations,
+            )
             for rows in map(int, args.rows.split(",")):
                 x = torch.randn(rows, in_f)
                 with torch.inference_mode():

@@ -26,7 +26,7 @@ from worker.layers.linear import prepare_for_device
 from worker.loader import load_weights
 from worker.models import build_model
 from worker.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
-from worker.quant.select import check_quantization, keep_gguf_blocks
+from worker.quant.select import activations_for, check_quantization, keep_gguf_blocks
 from worker.sampler import NONFINITE_LOGITS, PromptLogprobs, Sample, Sampler, score_tokens
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,9 @@ class ModelRunner:
         )
 
         self.model = build_model(cfg, self.backend, self.max_model_len, self.dtype, self.device, tp)
-        held = keep_gguf_blocks(self.model, Path(model_path)) if self.quantized else set()
+        held = set()
+        if self.quantized:
+            held = keep_gguf_blocks(self.model, Path(model_path), activations_for(quantization))
         load_weights(self.model, Path(model_path), progress=progress, skip=held)
         ops = _native_ops(fused_cpu_ops, self.device)
         prepare_for_device(self.model, self.device, ops)

@@ -41,10 +41,14 @@ class BlockTensor(Protocol):
 
 
 def keep_quantized(
-    model: nn.Module, tensors: Iterable[BlockTensor], release: Any = None
+    model: nn.Module,
+    tensors: Iterable[BlockTensor],
+    release: Any = None,
+    activations: str = "float",
 ) -> set[str]:
     """Swap what can run on blocks; returns the checkpoint names now held (for the loader to
-    skip). `release(tensor)`, if given, is called once a tensor's blocks are copied."""
+    skip). `release(tensor)`, if given, is called once a tensor's blocks are copied;
+    `activations` ("float" or "int8") is every new linear layer's (`QuantizedLinear`)."""
     groups = _groups(model, [t for t in tensors if t.name.endswith(".weight")])
     held: set[str] = set()
     for module_name, shards in groups.items():
@@ -52,12 +56,12 @@ def keep_quantized(
             module = model.get_submodule(module_name)
         except AttributeError:
             continue  # the loader reports a tensor the model does not know
-        new = _quantized(module, shards)
+        new = _quantized(module, shards, activations)
         if new is None:
             continue
         _replace(model, module_name, new)
         if isinstance(new, QuantizedEmbedding):
-            _retie(model, module, new)
+            _retie(model, module, new, activations)
         for tensor in shards.values():
             held.add(tensor.name)
             if release is not None:
@@ -85,7 +89,9 @@ def _groups(
     return groups
 
 
-def _quantized(module: nn.Module, shards: dict[str | None, BlockTensor]) -> nn.Module | None:
+def _quantized(
+    module: nn.Module, shards: dict[str | None, BlockTensor], activations: str
+) -> nn.Module | None:
     """The quantized replacement of `module`, or None where it keeps its float weight."""
     types = {int(t.ggml_type) for t in shards.values()}
     if len(types) != 1 or next(iter(types)) not in FORMATS:
@@ -98,7 +104,10 @@ def _quantized(module: nn.Module, shards: dict[str | None, BlockTensor]) -> nn.M
             return None
         blocks = _stack(module, shards, module.weight.shape[1], ggml_type)
         bias = None if module.bias is None else module.bias.data
-        return QuantizedLinear(module.weight.shape[1], blocks, ggml_type, bias, module.shard_sizes)
+        in_f = module.weight.shape[1]
+        return QuantizedLinear(
+            in_f, blocks, ggml_type, bias, module.shard_sizes, activations=activations
+        )
     if None not in shards or len(shards) != 1:
         return None
     tensor = shards[None]
@@ -107,7 +116,7 @@ def _quantized(module: nn.Module, shards: dict[str | None, BlockTensor]) -> nn.M
         bias = None if getattr(module, "bias", None) is None else module.bias.data
         if tuple(tensor.shape) != (out_f, in_f) or in_f % BLOCK_VALUES:
             return None
-        return QuantizedLinear(in_f, _copy(tensor), ggml_type, bias)
+        return QuantizedLinear(in_f, _copy(tensor), ggml_type, bias, activations=activations)
     if kind is Embedding:
         rows, dim = module.weight.shape
         if tuple(tensor.shape) != (rows, dim) or dim % BLOCK_VALUES:
@@ -142,11 +151,11 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
-def _retie(model: nn.Module, old: nn.Module, embed: QuantizedEmbedding) -> None:
+def _retie(model: nn.Module, old: nn.Module, embed: QuantizedEmbedding, activations: str) -> None:
     """A head tied to the replaced embedding now reads the same blocks."""
     for name, module in list(model.named_modules()):
         if isinstance(module, LMHead) and module.tied and module.weight is old.weight:
-            _replace(model, name, embed.tied_head())
+            _replace(model, name, embed.tied_head(activations=activations))
 
 
 def _types(model: nn.Module) -> set[int]:

@@ -23,8 +23,19 @@ import torch
 from worker import native
 
 CSRC = Path(__file__).parent.parent / "csrc" / "quant"
-SOURCES = [CSRC / name for name in ("linear.cpp", "scalar.cpp", "avx2.cpp", "avx512.cpp")]
-HEADERS = [CSRC / "blocks.h"]
+SOURCES = [
+    CSRC / name
+    for name in (
+        "linear.cpp",
+        "scalar.cpp",
+        "avx2.cpp",
+        "avx512.cpp",
+        "int8_scalar.cpp",
+        "int8_avx2.cpp",
+        "int8_vnni.cpp",
+    )
+]
+HEADERS = [CSRC / "blocks.h", CSRC / "int8_tile.h"]
 ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
 ISA_ENV = "KVLEDGER_QUANT_ISA"
 _lock = threading.Lock()
@@ -89,4 +100,5 @@ def _register_fakes() -> None:
         return blocks.new_empty(*rows, in_features, dtype=torch.float32)
 
     torch.library.register_fake("kvledger_quant::linear", linear)
+    torch.library.register_fake("kvledger_quant::linear_int8", linear)
     torch.library.register_fake("kvledger_quant::dequantize", dequantize)

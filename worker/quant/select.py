@@ -3,6 +3,8 @@
 - `gguf`: every linear layer, the token embedding and the LM head whose tensors are Q8_0,
   Q4_0 or Q4_1 keep the file's blocks and run the compiled kernels (`keep.py`); refused
   where they cannot run (not CPU, a tensor-parallel group, no compiler), naming why.
+- `gguf-int8`: as `gguf`, and the linear layers quantize their activations to int8 per block
+  of 32 (`QuantizedLinear`'s `activations`): integer dot products, faster, not exact.
 - `none`: every tensor is dequantized to --dtype at load time (the float path).
 - `auto` (the default): `gguf` for a GGUF file where it can run, else `none` with a warning.
 
@@ -33,16 +35,16 @@ def check_quantization(mode: str, model_path: Path, device: str, tp_size: int) -
     if mode == "none":
         return False
     if not is_gguf(model_path):
-        if mode == "gguf":
-            raise ValueError(f"--quantization gguf needs a GGUF file; {model_path} is not one")
+        if mode != "auto":
+            raise ValueError(f"--quantization {mode} needs a GGUF file; {model_path} is not one")
         return False
     if mode == "auto" and not _has_blocks(model_path):
         return False  # nothing to keep (an F32 or K-quant file): no kernels to build
     reason = _why_not(device, tp_size)
     if reason is None:
         return True
-    if mode == "gguf":
-        raise ValueError(f"--quantization gguf: {reason}")
+    if mode != "auto":
+        raise ValueError(f"--quantization {mode}: {reason}")
     log.warning("GGUF weights are dequantized to float: %s", reason)
     return False
 
@@ -65,10 +67,15 @@ def _has_blocks(model_path: Path) -> bool:
     return any(int(t.ggml_type) in FORMATS for t in open_checkpoint(model_path).tensors())
 
 
-def keep_gguf_blocks(model: nn.Module, model_path: Path) -> set[str]:
+def activations_for(mode: str) -> str:
+    """What the kept layers multiply: "int8" for gguf-int8, else "float" (the exact path)."""
+    return "int8" if mode == "gguf-int8" else "float"
+
+
+def keep_gguf_blocks(model: nn.Module, model_path: Path, activations: str = "float") -> set[str]:
     """Swap the model's quantizable layers for blocks of the file; the names taken."""
     from worker.gguf import open_checkpoint
     from worker.quant.keep import keep_quantized
 
     checkpoint = open_checkpoint(model_path)
-    return keep_quantized(model, checkpoint.tensors(), checkpoint.release)
+    return keep_quantized(model, checkpoint.tensors(), checkpoint.release, activations)

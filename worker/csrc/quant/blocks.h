@@ -80,6 +80,45 @@ void linear_scalar(const LinearArgs& a, int64_t o_begin, int64_t o_end);
 void linear_avx2(const LinearArgs& a, int64_t o_begin, int64_t o_end);
 void linear_avx512(const LinearArgs& a, int64_t o_begin, int64_t o_end);
 
+// Activations quantized per block of 32 as llama.cpp's Q8_0/Q8_1 do (the int8 path):
+//   q[r * in + i] = round(x[r][i] / d), d = max|x[r][block]| / 127 (0 for an all-zero block);
+//   d[r * nb + b] = that scale; sd[r * nb + b] = d * the block's sum of q (the Q4_1 minimum's
+//   and the Q4_0 offset's term); dv and sv hold d and sd / 8 each repeated 8 times (8 floats a
+//   block), so that a vector path loads the factors of two blocks as one 16-float register.
+struct Int8Acts {
+  const int8_t* q;
+  const float* d;
+  const float* sd;
+  const float* dv;
+  const float* sv;
+};
+
+// One product y = dequantize(W) applied to the int8 activations, rows [0, rows), outputs
+// [o_begin, o_end). Per weight block and activation block, `dot` is the exact integer sum of
+// the 32 products; with dw the weight block's scale (and mw Q4_1's minimum) the block adds
+//   Q4_0: dw * d * dot(q4, q) - 8 * dw * sd      (q4: the nibbles 0..15)
+//   Q4_1: dw * d * dot(q4, q) + mw * sd
+//   Q8_0: dw * d * dot(q8, q)
+// which is the dequantized weight block times the dequantized activation block, up to rounding.
+struct Int8Args {
+  int type;
+  const uint8_t* w;
+  int64_t row_bytes;
+  int64_t in;
+  Int8Acts x;
+  int64_t rows;
+  float* y;
+  int64_t ldy;
+};
+
+using Int8Kernel = void (*)(const Int8Args& a, int64_t o_begin, int64_t o_end);
+
+void quantize_acts(const float* x, int64_t rows, int64_t in, int8_t* q, float* d, float* sd);
+void quantize_acts_avx2(const float* x, int64_t rows, int64_t in, int8_t* q, float* d, float* sd);
+void int8_scalar(const Int8Args& a, int64_t o_begin, int64_t o_end);
+void int8_avx2(const Int8Args& a, int64_t o_begin, int64_t o_end);
+void int8_vnni512(const Int8Args& a, int64_t o_begin, int64_t o_end);
+
 // Row `o`'s `in` values as float32 (the exact dequantization, as ggml's reference code).
 void dequantize_row(int type, const uint8_t* row, int64_t in, float* out);
 

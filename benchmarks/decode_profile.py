@@ -1,0 +1,149 @@
+"""Where one batch-1 decode step's time goes in the worker (tiny-llama or a GGUF/HF model).
+
+    .venv/bin/python benchmarks/decode_profile.py [--model tiny-llama|smollm2|PATH]
+        [--context-len 128] [--repeats 200] [--threads 0] [--trace]
+
+One sequence with --context-len tokens cached computes position --context-len again and again
+(`ModelRunner.execute`, the worker's step, greedy sampling included). The step is cut into its
+parts, each timed on its own over the same inputs, the parts taking turns round by round so a
+drift in machine load falls on all alike:
+
+- `batch`: `prepare_batch` and the attention plan (Python and small tensors);
+- `forward`: the decoder layers and the final norm;
+- `head`: the LM head over the last row;
+- `sample`: the sampler (greedy);
+- `step`: the whole `execute`, for the parts' sum to be checked against.
+
+With --threads 1 each part is timed by the calling thread's CPU clock (`time.thread_time`), not
+the wall clock: on a machine shared with other busy processes that leaves out the time they held
+the core (with more threads, OpenMP's barriers make any part wait for a descheduled thread).
+
+Then torch.profiler's self CPU time of one forward+head by operator (a share of the profiled
+total: the profiler adds a few microseconds an operator, so small ops weigh more there than in
+a real step), and the count of operators a step dispatches. --trace writes a Chrome trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from kvledger.models import ensure_tiny_llama, smollm2_path
+from worker.batch import SeqChunk, prepare_batch
+from worker.model_runner import ModelRunner
+
+
+def model_path(name: str) -> Path:
+    if name == "tiny-llama":
+        return ensure_tiny_llama()
+    if name == "smollm2":
+        return smollm2_path()
+    return Path(name)
+
+
+def decode_chunk(runner: ModelRunner, context: int) -> SeqChunk:
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(1000, runner.vocab_size, (context + 1,), generator=gen).tolist()
+    blocks = list(range(-(-(context + 1) // runner.block_size)))
+    runner.execute([SeqChunk("d", ids[:context], 0, blocks, False)])
+    return SeqChunk("d", [ids[context]], context, blocks, True)
+
+
+def parts(runner: ModelRunner, chunk: SeqChunk) -> dict[str, Callable[[], object]]:
+    model, limits = runner.model, runner.limits
+    batch = prepare_batch([chunk], limits, runner.device, runner.config.sliding_window)
+    plan = runner.backend.plan(batch.attn)
+    hidden = model(batch.input_ids, batch.positions, plan)
+    last = hidden[batch.last_rows]
+    logits = model.compute_logits(last)
+
+    def prep() -> object:
+        b = prepare_batch([chunk], limits, runner.device, runner.config.sliding_window)
+        return runner.backend.plan(b.attn)
+
+    return {
+        "batch": prep,
+        "forward": lambda: model(batch.input_ids, batch.positions, plan),
+        "head": lambda: model.compute_logits(last),
+        "sample": lambda: runner.sampler(logits, [chunk]),
+        "step": lambda: runner.execute([chunk]),
+    }
+
+
+def race(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median microseconds of each part, the parts taking turns (order reversed every round)."""
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    with torch.inference_mode():
+        for fn in fns.values():
+            fn()
+        for i in range(repeats):
+            for name in names if i % 2 == 0 else names[::-1]:
+                started = clock()
+                fns[name]()
+                samples[name].append(clock() - started)
+    return {name: statistics.median(s) * 1e6 for name, s in samples.items()}
+
+
+def op_profile(fns: dict[str, Callable[[], object]], trace: str | None) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        for _ in range(5):
+            fns["step"]()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(20):
+                fns["step"]()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    calls = sum(e.count for e in events if e.key.startswith(("aten::", "kvledger", "mkldnn")))
+    print(f"\noperators by self CPU time (profiled; {calls / 20:.0f} aten/custom calls a step)")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:15]:
+        share = e.self_cpu_time_total / total
+        print(f"  {e.key:48s} {share:6.1%}  {e.count / 20:6.0f} calls/step")
+    if trace:
+        prof.export_chrome_trace(trace)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-llama")
+    parser.add_argument("--context-len", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--quantization", default="auto")
+    parser.add_argument("--trace", default=None, help="write a Chrome trace here")
+    args = parser.parse_args()
+    runner = ModelRunner(
+        model_path(args.model),
+        block_size=16,
+        num_blocks=-(-(args.context_len + 1) // 16) + 1,
+        attention_backend="auto",
+        progress=False,
+        quantization=args.quantization,
+    )
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    chunk = decode_chunk(runner, args.context_len)
+    fns = parts(runner, chunk)
+    us = race(fns, args.repeats)
+    print(
+        f"{args.model}, quantized {runner.quantized}, context {args.context_len}, "
+        f"{torch.get_num_threads()} threads, median of {args.repeats}"
+        + (" (CPU time)" if torch.get_num_threads() == 1 else " (wall time)")
+    )
+    summed = sum(v for k, v in us.items() if k != "step")
+    for name, value in us.items():
+        print(f"  {name:8s} {value:8.0f} us  {value / us['step']:6.1%} of the step")
+    print(f"  parts' sum {summed:.0f} us ({summed / us['step']:.1%} of the step)")
+    op_profile(fns, args.trace)
+
+
+if __name__ == "__main__":
+    main()
