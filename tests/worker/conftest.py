@@ -16,7 +16,9 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from benchmarks.gguf_export import export  # noqa: E402
 from tests.worker.helpers import save_hf_checkpoint  # noqa: E402
+from tests.worker.quant_helpers import TYPES  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +51,17 @@ def tiny_llama_dir(kv_cache_dir: Path) -> Path:
     from kvledger.models import resolve_model
 
     return resolve_model("tiny-llama")
+
+
+@pytest.fixture(scope="module", params=[t.name for t in TYPES])
+def gguf_file(
+    request: pytest.FixtureRequest,
+    hf_checkpoint: Callable[[str], Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    kv_cache_dir: Path,
+) -> Path:
+    """A random Llama written as a GGUF file with its linear weights and embedding in one
+    quantized type (each type in turn), for the quantized-weight model tests."""
+    out = tmp_path_factory.mktemp(f"gguf-{request.param}") / f"llama.{request.param}.gguf"
+    export(hf_checkpoint("llama"), out, request.param)
+    return out

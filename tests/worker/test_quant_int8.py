@@ -18,7 +18,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from tests.worker.test_quant_linear import SHAPES, TYPES, quantized
+from tests.worker.quant_helpers import SHAPES, TYPES, quantized
 from worker.quant import kernels
 from worker.quant.layers import QuantizedLinear
 

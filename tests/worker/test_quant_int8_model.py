@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from tests.worker.helpers import full_logits, greedy, make_runner, random_tokens
-from tests.worker.test_quant_model import gguf_file, greedy_disagreements  # noqa: F401
+from tests.worker.quant_helpers import greedy_disagreements
 from worker.quant.layers import QuantizedLinear
 from worker.quant.select import check_quantization
 
@@ -24,7 +24,7 @@ INT8_LOGIT_BOUND = 5e-2
 
 
 @pytest.fixture(scope="module")
-def pair(gguf_file):  # noqa: ANN001, ANN201, F811 - (int8 runner, float32 reference runner)
+def pair(gguf_file):  # noqa: ANN001, ANN201 - (int8 runner, float32 reference runner)
     quant = make_runner(gguf_file, quantization="gguf-int8", fused_cpu_ops=False)
     return quant, make_runner(gguf_file, quantization="none", fused_cpu_ops=False)
 
@@ -62,7 +62,7 @@ def test_greedy_tokens_equal_except_within_the_bound(pair) -> None:  # noqa: ANN
         assert (top2[0] - top2[1]).item() < tol
 
 
-def test_int8_is_refused_where_gguf_is(gguf_file, hf_checkpoint) -> None:  # noqa: ANN001, F811
+def test_int8_is_refused_where_gguf_is(gguf_file, hf_checkpoint) -> None:  # noqa: ANN001
     with pytest.raises(ValueError, match="gguf-int8 needs a GGUF file"):
         check_quantization("gguf-int8", hf_checkpoint("llama"), "cpu", 1)
     with pytest.raises(ValueError, match="gguf-int8: .*tensor-parallel"):

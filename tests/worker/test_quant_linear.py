@@ -5,20 +5,16 @@ float64 matmul. Every instruction-set path runs where this CPU has it, forced by
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize, quantize
 
+from tests.worker.quant_helpers import SHAPES, TYPES, quantized
 from worker.quant import kernels
 from worker.quant.layers import QuantizedEmbedding, QuantizedLinear
 
-TYPES = [GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1]
 ISAS = ["scalar", "avx2", "avx512"]
 ROWS = [1, 3, 16, 64]
-# (out, in): out not a multiple of any tile or chunk (64), in a single block and several
-SHAPES = [(77, 96), (130, 32), (200, 576)]
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +22,6 @@ def module(kv_cache_dir):  # noqa: ANN001 - the private cache the build goes to
     built = kernels.load()
     assert not isinstance(built, str), built  # this machine has a compiler: it must build
     return built
-
-
-def quantized(out: int, inp: int, qtype: GGMLQuantizationType, seed: int = 0):  # noqa: ANN201
-    """Random weights as (uint8 blocks, their float32 dequantization by gguf)."""
-    weights = np.random.default_rng(seed).standard_normal((out, inp), dtype=np.float32)
-    blocks = quantize(weights, qtype)
-    return torch.from_numpy(blocks.copy()), torch.from_numpy(dequantize(blocks, qtype).copy())
 
 
 def assert_matches(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:

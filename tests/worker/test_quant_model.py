@@ -9,29 +9,17 @@ linear weight and the embedding quantized (Q8_0, Q4_0, Q4_1); the norms stay F32
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from benchmarks.gguf_export import export
 from tests.worker.helpers import full_logits, greedy, make_runner, random_tokens
+from tests.worker.quant_helpers import greedy_disagreements
 from worker.quant.layers import QuantizedEmbedding, QuantizedLinear
 from worker.quant.select import check_quantization
 
 # the first test to load a runner builds the kernels (minutes on a loaded 2-core machine)
 pytestmark = pytest.mark.timeout(900)
 TOLERANCE = 1e-3
-TYPES = ["Q8_0", "Q4_0", "Q4_1"]
-
-
-def greedy_disagreements(ref: torch.Tensor, got: torch.Tensor, tol: float) -> list[int]:
-    """Positions where the argmaxes of `got` and `ref` ([T, vocab]) differ although the
-    reference's two best logits are at least `tol` apart: each one breaks the rule."""
-    top2 = ref.topk(2, dim=-1).values
-    margin = top2[:, 0] - top2[:, 1]
-    differ = ref.argmax(-1) != got.argmax(-1)
-    return torch.nonzero(differ & (margin >= tol)).flatten().tolist()
 
 
 def test_the_greedy_rule_allows_only_near_ties() -> None:
@@ -45,13 +33,6 @@ def test_the_greedy_rule_allows_only_near_ties() -> None:
     clear_flipped[1, 1] = 1.1  # row 1's margin is 0.5: a flip is a wrong token
     clear_flipped[2, 2] = 2.5
     assert greedy_disagreements(ref, clear_flipped, TOLERANCE) == [1, 2]
-
-
-@pytest.fixture(scope="module", params=TYPES)
-def gguf_file(request, hf_checkpoint, tmp_path_factory, kv_cache_dir) -> Path:  # noqa: ANN001
-    out = tmp_path_factory.mktemp(f"gguf-{request.param}") / f"llama.{request.param}.gguf"
-    export(hf_checkpoint("llama"), out, request.param)
-    return out
 
 
 @pytest.fixture(scope="module")
