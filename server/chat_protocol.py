@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
+    ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
     model_serializer,
@@ -73,6 +74,20 @@ class ChatTemplateOptions(BaseModel):
 
 
 class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
+    # The example is the documentation's, and the API fuzz test's one certain valid body: with
+    # tools, messages and their roles, a generated body is almost never valid as a whole.
+    model_config = ConfigDict(
+        **REQUEST_CONFIG,
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "tiny-llama",
+                    "messages": [{"role": "user", "content": "Hello"}],
+                    "max_tokens": 4,
+                }
+            ]
+        },
+    )
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
