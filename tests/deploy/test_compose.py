@@ -4,6 +4,7 @@ services' own flags (kvledger/flags.py), the healthchecks and deploy/prometheus/
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from kvledger.flags import FRONTEND, SCHEDULER, WORKER, flags_for
 from tests.deploy.compose import (
@@ -17,6 +18,7 @@ from tests.deploy.compose import (
     parse_service,
     resolved,
 )
+from tests.deploy.defaults import restated_defaults
 from tests.deploy.prom import scrape_targets
 from tests.deploy.tools import REPO, run
 
@@ -172,3 +174,19 @@ def test_workers_share_the_models_volume_with_the_frontend():
 def test_configuration_is_all_in_the_environment(profile):
     for name, svc in kv_services(profile).items():
         assert svc.argv == [], f"{name}: put flags in KVLEDGER_* variables, not the command"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_no_variable_restates_its_flags_default(profile):
+    """Set only what differs from the default (tests/deploy/defaults.py says why). A value
+    passed through from the operator's shell (`KVLEDGER_LOG_LEVEL: ${KVLEDGER_LOG_LEVEL:-info}`)
+    is their setting, listed in docs/operations.md, not a pin."""
+    raw = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    for name, svc in kv_services(profile).items():
+        own = {
+            k: v
+            for k, v in svc.env.items()
+            if not str(raw[name]["environment"].get(k, "")).startswith("${" + k)
+        }
+        restated = restated_defaults(svc.service, own)
+        assert restated == [], f"{name} restates the default of {restated}"

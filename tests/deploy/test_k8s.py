@@ -35,6 +35,7 @@ from tests.deploy.k8s import (
     services_of,
 )
 from tests.deploy.tools import REPO
+from worker.device_defaults import choose
 
 NON_FLAG_ENV = {"KVLEDGER_CACHE_DIR"}  # the model cache directory (kvledger/models.py)
 IMAGE_UID = 1000  # the user `kvledger` of both Dockerfiles
@@ -279,7 +280,9 @@ def test_gpu_overlay_runs_generative_workers_on_the_cuda_image_with_a_gpu():
     assert _gpus(worker) == {"requests": 1, "limits": 1}
     env = env_values(worker)
     assert env["KVLEDGER_DEVICE"] == "cuda"
-    assert int(env["KVLEDGER_BLOCK_SIZE"]) % 256 == 0, "flash-attn's paged KV"
+    block_size = env.get("KVLEDGER_BLOCK_SIZE")
+    chosen = choose("cuda", env.get("KVLEDGER_DTYPE"), block_size and int(block_size), "auto", True)
+    assert (chosen.attention, chosen.block_size % 256) == ("flash_attn", 0), chosen.reason
     assert "KVLEDGER_KV_CACHE_MEMORY_BYTES" not in env, "on CUDA the GPU memory share decides"
     for name, dep in deps.items():
         if name != "kvledger-worker":

@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kvledger.config.worker import CPU_KV_CACHE_BYTES
-from kvledger.flag_values import env_default
-from kvledger.flags import DEFAULT_METRICS_PORT, SCHEDULER, WORKER, flags_for
+from kvledger.flags import DEFAULT_METRICS_PORT, SCHEDULER, WORKER
+from tests.deploy.defaults import restated_defaults
 from tests.deploy.k8s import (
     FRONTEND_DEPLOYMENT,
     OVERLAYS,
@@ -27,17 +26,6 @@ from tests.deploy.k8s import (
 )
 from tests.deploy.tools import REPO
 
-# Defaults that a flag defaulting to None stands for on a CPU worker (kvledger/config/worker.py).
-EFFECTIVE_DEFAULT = {"KVLEDGER_KV_CACHE_MEMORY_BYTES": CPU_KV_CACHE_BYTES}
-# Set even where they equal the default: the ports are those the containerPorts, Services and
-# probes name, and the model is the one the frontend's KVLEDGER_REQUIRE_MODEL waits for.
-PINNED = {
-    "KVLEDGER_PORT",
-    "KVLEDGER_GRPC_PORT",
-    "KVLEDGER_METRICS_PORT",
-    "KVLEDGER_MODEL",
-    "KVLEDGER_SERVED_MODEL_NAME",
-}
 # Each Deployment's twin in docker-compose.yml, per overlay.
 COMPOSE_TWIN = {
     "cpu": {
@@ -60,6 +48,8 @@ COMPOSE_TWIN["cpu-tls"] = COMPOSE_TWIN["cpu"]
 # `--scale` names itself), and every worker pod has its own IP, so the CUDA worker keeps the
 # workers' metrics port (compose gives it 9403 beside the others on one host).
 K8S_ONLY_ENV = {"KVLEDGER_LOG_FORMAT"}
+# compose passes the operator's shell's log level through; a cluster sets it in the manifest.
+COMPOSE_ONLY_ENV = {"KVLEDGER_LOG_LEVEL"}
 DIFFERENT_VALUE = {
     "KVLEDGER_SCHEDULER",
     "KVLEDGER_WORKER_ID",
@@ -97,9 +87,7 @@ def test_same_shape_as_docker_compose(overlay):
         k8s_only = K8S_ONLY_ENV | (TLS_ENV if overlay in TLS_OVERLAYS else set())
         k8s_only |= {"KVLEDGER_WORKER_ID"} - set(theirs)
         assert compose_services()[twin]["command"] == container(dep)["command"], name
-        # compose may restate a default that the manifests leave out
-        restated = {k for k, v in theirs.items() if k not in PINNED and _is_default(dep, k, v)}
-        assert set(theirs) - restated <= ours - k8s_only <= set(theirs), f"{name} vs {twin}"
+        assert set(theirs) - COMPOSE_ONLY_ENV == ours - k8s_only, f"{name} vs {twin}"
         values = env_values(dep)
         for key, value in theirs.items():
             if value is None:  # required in compose: a secret
@@ -108,24 +96,11 @@ def test_same_shape_as_docker_compose(overlay):
                 assert values[key] == value, f"{name}: {key} differs from compose {twin}"
 
 
-def _is_default(dep: dict, key: str, value: str | None) -> bool:
-    """The variable's value is what its flag gives anyway (read as the flag reads it)."""
-    flag = {f.env_var: f for f in flags_for(service_of(dep))}.get(key)
-    if flag is None or value is None:
-        return False
-    return env_default(flag, {key: value}) == EFFECTIVE_DEFAULT.get(key, flag.default)
-
-
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_no_variable_restates_its_flags_default(overlay):
-    """Set only what differs from the default, so that a changed default is not silently
-    pinned here; PINNED says which values other objects of the manifests depend on."""
+    """Set only what differs from the default (tests/deploy/defaults.py says why)."""
     for name, dep in deployments(overlay).items():
-        restated = [
-            key
-            for key, value in env_values(dep).items()
-            if key not in PINNED and _is_default(dep, key, value)
-        ]
+        restated = restated_defaults(service_of(dep), env_values(dep))
         assert restated == [], f"{name} restates the default of {restated}"
 
 
