@@ -9,8 +9,8 @@ error in the step's outcome; the rest of the batch runs. Under async scheduling 
 made before the scheduler heard of such a failure, may still continue the request: that
 continuation is void, skipped and recording nothing, until a plan drops the request.
 
-Plans and outcomes are the dataclasses of `worker/plan.py`; `worker/convert.py` turns them into
-wire messages and back.
+Plans and outcomes are the dataclasses of `worker/link/step.py`; `worker/link/wire.py` turns
+them into wire messages and back.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import time
 from dataclasses import dataclass
 
 from kvledger.structured import StructuredError
-from worker.batch import SeqChunk, check_chunk
-from worker.constraints import Constraint
-from worker.plan import ContinueSeq, EmbedParams, NewSeq, Plan, StepOutput
-from worker.pooling import EmbedItem, check_item
+from worker.link.step import ContinueSeq, EmbedParams, NewSeq, Plan, StepOutput
 from worker.provenance import PlanWrites, Provenance
-from worker.runners import Runner
-from worker.sampling_params import SamplingParams
+from worker.runner.base import Runner
+from worker.runner.batch import SeqChunk, check_chunk
+from worker.runner.pooling import EmbedItem, check_item
+from worker.sample.constraints import Constraint
+from worker.sample.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from worker.plan import BlockHashPair, Plan
+from worker.link.step import BlockHashPair, Plan
 
 
 class Provenance:

@@ -9,10 +9,10 @@ import torch
 
 from protos import worker_pb2
 from worker.attention.base import AttentionBackend
-from worker.batch import SeqChunk
-from worker.convert import plan_from_wire, result_to_wire
 from worker.executor import Executor
-from worker.model_runner import ModelRunner
+from worker.link.wire import plan_from_wire, result_to_wire
+from worker.runner.batch import SeqChunk
+from worker.runner.model_runner import ModelRunner
 
 SMALL = dict(
     vocab_size=256,
@@ -229,7 +229,7 @@ def attention_steps(
     mixed step (a fresh prefill, a chunk over a cached prefix, decodes). One layer, no model
     around it, so a wrong block, slot or head shows at full size. Returns (got, float32 ref)."""
     from worker.attention.torch_backend import TorchAttention
-    from worker.batch import BatchLimits, prepare_batch
+    from worker.runner.batch import BatchLimits, prepare_batch
 
     bs, u = block_size, block_size // 16
     gen = torch.Generator().manual_seed(7)

@@ -18,7 +18,7 @@ from worker import native
 from worker.attention import get_backend
 from worker.attention.cpu_backend import CpuPagedAttention
 from worker.attention.torch_backend import TorchAttention
-from worker.batch import SeqChunk
+from worker.runner.batch import SeqChunk
 
 
 @pytest.fixture(scope="module")

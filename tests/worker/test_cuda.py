@@ -27,8 +27,8 @@ from tests.worker.helpers import (
 )
 from worker.attention import get_backend
 from worker.attention.flash_attn_backend import FlashAttention
-from worker.batch import SeqChunk
-from worker.model_runner import ModelRunner
+from worker.runner.batch import SeqChunk
+from worker.runner.model_runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)"

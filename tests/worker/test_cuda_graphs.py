@@ -1,4 +1,4 @@
-"""Decode steps as CUDA graphs (worker/cuda_graphs.py) and the CUDA defaults
+"""Decode steps as CUDA graphs (worker/runner/cuda_graphs.py) and the CUDA defaults
 (worker/device_defaults.py), as far as a machine without a GPU can check them.
 
 Capturing and replaying a graph needs a GPU (tests/worker/test_cuda.py does it there). What
@@ -18,9 +18,9 @@ import torch
 from tests.worker import flash_attn_standin as standin
 from tests.worker.helpers import make_runner, random_tokens, use_backend
 from worker.attention.flash_attn_backend import FlashAttention
-from worker.batch import BatchLimits, SeqChunk
-from worker.cuda_graphs import DecodeGraphs, buckets
 from worker.device_defaults import choose
+from worker.runner.batch import BatchLimits, SeqChunk
+from worker.runner.cuda_graphs import DecodeGraphs, buckets
 
 
 @pytest.fixture

@@ -26,8 +26,8 @@ from worker.attention import flash_attn_backend as fa
 from worker.attention import get_backend
 from worker.attention.flash_attn_backend import FlashAttention, FlashAttnUnsupported
 from worker.attention.torch_backend import TorchAttention
-from worker.batch import SeqChunk
-from worker.model_runner import ModelRunner
+from worker.runner.batch import SeqChunk
+from worker.runner.model_runner import ModelRunner
 
 BS = 16
 CUDA = torch.device("cuda")

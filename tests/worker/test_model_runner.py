@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tests.worker.helpers import make_runner, random_tokens
-from worker.batch import BatchLimits, SeqChunk, check_chunk
-from worker.model_runner import ModelRunner
-from worker.sampling_params import SamplingParams
+from worker.runner.batch import BatchLimits, SeqChunk, check_chunk
+from worker.runner.model_runner import ModelRunner
+from worker.sample.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import torch
 
 from tests.worker.helpers import blocks_for, full_logits, make_runner, random_tokens
 from worker.attention.torch_backend import TorchAttention, TorchPlan, write_kv
-from worker.batch import SeqChunk
-from worker.model_runner import ModelRunner
+from worker.runner.batch import SeqChunk
+from worker.runner.model_runner import ModelRunner
 
 BS = 16
 ATOL = 1e-5

@@ -3,9 +3,9 @@ read, and which declared writes it records once a plan ran (no runner, no wire).
 
 from __future__ import annotations
 
-from worker.plan import ContinueSeq, EmbedParams, NewSeq, Plan
+from worker.link.step import ContinueSeq, EmbedParams, NewSeq, Plan
 from worker.provenance import PlanWrites, Provenance
-from worker.sampling_params import GREEDY
+from worker.sample.sampling_params import GREEDY
 
 
 def new(rid: str, claimed=(), written=(), embed: EmbedParams | None = None) -> NewSeq:  # noqa: ANN001

@@ -25,7 +25,6 @@ from tests.worker.helpers import (
     random_tokens,
     save_hf_model,
 )
-from worker.batch import SeqChunk
 from worker.config import ModelConfig, RopeConfig, UnsupportedModelError
 from worker.layers.rotary import (
     RotaryEmbedding,
@@ -33,6 +32,7 @@ from worker.layers.rotary import (
     longrope_inv_freq,
     max_exact_positions,
 )
+from worker.runner.batch import SeqChunk
 
 HEAD_DIM = 16  # SMALL: hidden 64 over 4 heads
 DYNAMIC = dict(max_position_embeddings=64, rope_scaling={"rope_type": "dynamic", "factor": 4.0})

@@ -17,13 +17,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from worker import distributed, tp_group
-from worker.distributed import GroupLost, join_group
 from worker.executor import Executor
-from worker.model_runner import ModelRunner
-from worker.plan import ContinueSeq, EmbedParams, NewSeq, Plan, StepOutput
-from worker.sampling_params import GREEDY, SamplingParams
-from worker.tp_group import GroupExecutor, Message, follow
+from worker.link.step import ContinueSeq, EmbedParams, NewSeq, Plan, StepOutput
+from worker.parallel import distributed, tp_group
+from worker.parallel.distributed import GroupLost, join_group
+from worker.parallel.tp_group import GroupExecutor, Message, follow
+from worker.runner.model_runner import ModelRunner
+from worker.sample.sampling_params import GREEDY, SamplingParams
 
 BLOCK_SIZE = 8
 

@@ -16,18 +16,18 @@ from worker.attention import get_backend
 from worker.attention.base import AttentionBackend
 from worker.attention.dense import dense_plan, seq_positions
 from worker.attention.flash_attn_backend import FlashAttention
-from worker.batch import BatchLimits, SeqChunk, prepare_batch
 from worker.config import EncoderConfig, ModelConfig
-from worker.constraints import Constraint, Grammars
-from worker.cuda_graphs import DecodeGraphs
-from worker.distributed import TPGroup, check_tensor_parallel, split_heads
-from worker.kv_cache import KVCache, KVShape
 from worker.layers.linear import prepare_for_device
-from worker.loader import load_weights
 from worker.models import build_model
-from worker.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
+from worker.models.loader import load_weights
+from worker.parallel.distributed import TPGroup, check_tensor_parallel, split_heads
 from worker.quant.select import activations_for, check_quantization, keep_gguf_blocks
-from worker.sampler import NONFINITE_LOGITS, PromptLogprobs, Sample, Sampler, score_tokens
+from worker.runner.batch import BatchLimits, SeqChunk, prepare_batch
+from worker.runner.cuda_graphs import DecodeGraphs
+from worker.runner.kv_cache import KVCache, KVShape
+from worker.runner.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
+from worker.sample.constraints import Constraint, Grammars
+from worker.sample.sampler import NONFINITE_LOGITS, PromptLogprobs, Sample, Sampler, score_tokens
 
 log = logging.getLogger(__name__)
 

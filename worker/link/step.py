@@ -1,14 +1,14 @@
 """What the scheduler hands the worker in one step, and what the worker hands back, as plain
 dataclasses: the executor and the provenance check work on these, never on wire messages.
-`worker/convert.py` is the one place that translates (as `scheduler_svc/wire.py` is for the
+`worker/link/wire.py` is the one place that translates (as `scheduler_svc/wire.py` is for the
 scheduler's core)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from worker.sampler import PromptLogprobs, Sample
-from worker.sampling_params import SamplingParams
+from worker.sample.sampler import PromptLogprobs, Sample
+from worker.sample.sampling_params import SamplingParams
 
 BlockHashPair = tuple[int, bytes]  # (block_id, content hash) as the scheduler declared it
 
