@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 
 from kvledger.structured import StructuredError
-from worker.link.step import ContinueSeq, EmbedParams, NewSeq, Plan, StepOutput
+from worker.link.step import ContinueSeq, EmbedParams, NewSeq, StepOutput, StepPlan
 from worker.provenance import PlanWrites, Provenance
 from worker.runner.base import Runner
 from worker.runner.batch import SeqChunk, check_chunk
@@ -70,7 +70,7 @@ class Executor:
         self.voided.clear()
         self.provenance.clear()
 
-    def step(self, plan: Plan) -> StepOutput:
+    def step(self, plan: StepPlan) -> StepOutput:
         started = time.perf_counter()
         out = StepOutput(step_id=plan.step_id)
         try:
@@ -81,7 +81,7 @@ class Executor:
         out.step_seconds = time.perf_counter() - started
         return out
 
-    def _step(self, plan: Plan, out: StepOutput) -> None:
+    def _step(self, plan: StepPlan, out: StepOutput) -> None:
         for request_id in plan.dropped:
             self.seqs.pop(request_id, None)
             self.voided.discard(request_id)
@@ -99,7 +99,9 @@ class Executor:
         self._run(scheduled, writes, out)
         self._record(plan, writes, out)
 
-    def fail_plan(self, plan: Plan, message: str, partial: StepOutput | None = None) -> StepOutput:
+    def fail_plan(
+        self, plan: StepPlan, message: str, partial: StepOutput | None = None
+    ) -> StepOutput:
         """A step that raised: its requests end with an error, except those it had already
         refused as stale (`partial`; they are recomputed), and the worker keeps serving.
 
@@ -281,7 +283,7 @@ class Executor:
         self.voided.add(request_id)
         self.seqs.pop(request_id, None)
 
-    def _record(self, plan: Plan, writes: PlanWrites, out: StepOutput) -> None:
+    def _record(self, plan: StepPlan, writes: PlanWrites, out: StepOutput) -> None:
         """Provenance of the blocks really written, recorded now that the plan ran; blocks an
         embedding pass was declared to fill are reported removed."""
         written, unwritten = writes.settle(plan)

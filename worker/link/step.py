@@ -47,7 +47,10 @@ class ContinueSeq:
 
 
 @dataclass(slots=True)
-class Plan:
+class StepPlan:
+    """One step the scheduler asks of this worker: requests placed anew, requests it holds
+    continued, requests dropped (the wire's `Plan` message, `worker/link/wire.py`)."""
+
     step_id: int = 0
     new: list[NewSeq] = field(default_factory=list)
     cont: list[ContinueSeq] = field(default_factory=list)

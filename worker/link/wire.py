@@ -16,8 +16,8 @@ from worker.link.step import (
     ContinueSeq,
     EmbedParams,
     NewSeq,
-    Plan,
     StepOutput,
+    StepPlan,
 )
 from worker.sample.sampler import PromptLogprobs, Sample, TokenLogprobs
 from worker.sample.sampling_params import SamplingParams
@@ -50,8 +50,8 @@ def _pairs(blocks: Iterable[worker_pb2.BlockHash]) -> list[BlockHashPair]:
     return [(b.block_id, b.hash) for b in blocks]
 
 
-def plan_from_wire(plan: worker_pb2.Plan) -> Plan:
-    return Plan(
+def plan_from_wire(plan: worker_pb2.Plan) -> StepPlan:
+    return StepPlan(
         step_id=plan.step_id,
         new=[
             NewSeq(

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from worker.executor import Executor
-from worker.link.step import Plan, StepOutput
+from worker.link.step import StepOutput, StepPlan
 from worker.parallel.distributed import HEARTBEAT_SECONDS, GroupLost, TPGroup
 from worker.runner.base import Runner
 
@@ -37,7 +37,7 @@ class Message:
     empty cache, as `Executor.reset`), "idle" (a heartbeat) or "stop"."""
 
     kind: str
-    plan: Plan | None = None
+    plan: StepPlan | None = None
 
 
 class GroupExecutor(Executor):
@@ -56,7 +56,7 @@ class GroupExecutor(Executor):
             self.tp.broadcast(message)
             self._last_sent = time.monotonic()
 
-    def step(self, plan: Plan) -> StepOutput:
+    def step(self, plan: StepPlan) -> StepOutput:
         self.send(Message("plan", plan))
         return super().step(plan)
 
