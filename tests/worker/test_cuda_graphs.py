@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.worker import flash_attn_standin as standin
-from tests.worker.helpers import make_runner, random_tokens, use_backend
+from tests.worker.helpers import logits_for, make_runner, random_tokens, use_backend
 from worker.attention.flash_attn_backend import FlashAttention
 from worker.device_defaults import choose
 from worker.runner.batch import BatchLimits, SeqChunk
@@ -60,7 +60,7 @@ def test_padded_static_inputs_compute_the_eager_step(flash_attn, hf_checkpoint, 
     runner.execute([SeqChunk(n, prompts[n][:k], 0, tables[n], False) for n, k in lengths.items()])
     step = [SeqChunk(n, [prompts[n][k]], k, tables[n], True) for n, k in lengths.items()]
     before = [k.clone() for k in runner.kv_cache.k]
-    expected = runner.logits_for(step)
+    expected = logits_for(runner, step)
     after_eager = [k.clone() for k in runner.kv_cache.k]
     with torch.inference_mode():
         hidden = graphs.run(step, limits, replay=False)

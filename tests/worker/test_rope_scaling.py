@@ -21,6 +21,7 @@ from tests.worker.helpers import (
     hf_greedy,
     hf_logits,
     hf_model,
+    logits_for,
     make_runner,
     random_tokens,
     save_hf_model,
@@ -148,13 +149,15 @@ def test_longrope_over_the_paged_cache(checkpoints) -> None:
     table = [3, 7, 1, 5]
     start = 0
     for size in (13, 19, 32):
-        got = runner.logits_for(
-            [SeqChunk("a", tokens[start : start + size], start, table, True)], all_tokens=True
+        got = logits_for(
+            runner,
+            [SeqChunk("a", tokens[start : start + size], start, table, True)],
+            all_tokens=True,
         )
         torch.testing.assert_close(got, expected[start : start + size], atol=ATOL, rtol=0)
         start += size
     other = tokens[:32] + random_tokens(20, 256, seed=10)
-    got = runner.logits_for([SeqChunk("b", other[32:], 32, [3, 7, 9, 11], True)], all_tokens=True)
+    got = logits_for(runner, [SeqChunk("b", other[32:], 32, [3, 7, 9, 11], True)], all_tokens=True)
     torch.testing.assert_close(got, hf_logits(hf, other)[32:], atol=ATOL, rtol=0)
     prompt = random_tokens(9, 256, seed=11)
     assert greedy(runner, prompt, 55) == hf_greedy(hf, prompt, 55)

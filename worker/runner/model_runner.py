@@ -182,7 +182,7 @@ class ModelRunner:
             if c.constraint is not None
         ]
         masks = self.grammars.start(constrained) if constrained else None
-        last_rows, hidden = self._forward(chunks)
+        last_rows, hidden = self.forward(chunks)
         out: list[Sample | None] = [None] * len(chunks)
         if sampling:
             rows = torch.tensor([last_rows[i] for i in sampling], device=self.device)
@@ -200,17 +200,6 @@ class ModelRunner:
 
     def constraint(self, spec: StructuredSpec) -> Constraint:
         return self.grammars.constraint(spec)
-
-    @torch.inference_mode()
-    def logits_for(self, chunks: list[SeqChunk], all_tokens: bool = False) -> torch.Tensor:
-        """float32 logits at each chunk's last token [S, V], or at every token [T, V].
-
-        A real step: the chunks' K/V are written to the cache as in `execute`.
-        """
-        last_rows, hidden = self._forward(chunks)
-        if not all_tokens:
-            hidden = hidden[torch.tensor(last_rows, device=self.device)]
-        return self.model.compute_logits(hidden).float()
 
     @torch.inference_mode()
     def embed(self, items: list[EmbedItem]) -> list[list[float]]:
@@ -238,9 +227,9 @@ class ModelRunner:
             entries += scored
         return Sample(prompt_logprobs=PromptLogprobs(start, targets, entries))
 
-    def _forward(self, chunks: list[SeqChunk]) -> tuple[list[int], torch.Tensor]:
+    def forward(self, chunks: list[SeqChunk]) -> tuple[list[int], torch.Tensor]:
         """(each chunk's last row, the hidden states): a graph replay for a decode step that
-        fits one, else the eager forward."""
+        fits one, else the eager forward. The chunks' K/V are written to the cache."""
         if self.graphs is not None and self.graphs.fits(chunks):
             return list(range(len(chunks))), self.graphs.run(chunks, self.limits)
         batch = prepare_batch(chunks, self.limits, self.device, self.config.sliding_window)
