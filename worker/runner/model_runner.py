@@ -24,7 +24,7 @@ from worker.parallel.distributed import TPGroup, check_tensor_parallel, split_he
 from worker.quant.select import activations_for, check_quantization, keep_gguf_blocks
 from worker.runner.batch import BatchLimits, SeqChunk, prepare_batch
 from worker.runner.cuda_graphs import DecodeGraphs
-from worker.runner.kv_cache import KVCache, KVShape
+from worker.runner.kv_cache import KVCache, KVShape, gpu_kv_budget, num_blocks_for
 from worker.runner.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
 from worker.sample.constraints import Constraint, Grammars
 from worker.sample.sampler import NONFINITE_LOGITS, PromptLogprobs, Sample, Sampler, score_tokens
@@ -104,7 +104,7 @@ class ModelRunner:
             self.device.type == "cuda" and num_blocks is None and kv_cache_memory_bytes is None
         )
         if not size_from_gpu:
-            self.num_blocks = _num_blocks(num_blocks, kv_cache_memory_bytes, shape)
+            self.num_blocks = num_blocks_for(num_blocks, kv_cache_memory_bytes, shape)
         self.backend = get_backend(
             attention_backend, dtype=self.dtype, block_size=block_size, device=self.device
         )
@@ -284,35 +284,3 @@ def _max_model_len(requested: int | None, cfg: ModelConfig) -> int:
             f"{cfg.max_position_embeddings}] (the model's max_position_embeddings)"
         )
     return requested
-
-
-# Room kept for activations and the allocator's slack; not profiled (nothing here has run on a
-# GPU): a forward pass's peak grows with max_num_batched_tokens.
-GPU_ACTIVATION_HEADROOM_BYTES = 1 << 30
-
-
-def gpu_kv_budget(
-    total: int, free: int, utilization: float, headroom: int = GPU_ACTIVATION_HEADROOM_BYTES
-) -> int:
-    """Bytes for the KV cache: the utilization share of the device minus what is already used
-    (weights, other processes) and the activation headroom."""
-    if not 0 < utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
-    budget = int(total * utilization) - (total - free) - headroom
-    if budget <= 0:
-        raise ValueError(
-            f"gpu_memory_utilization {utilization} leaves no memory for the KV "
-            f"cache: {(total - free) / 2**30:.1f} GiB of {total / 2**30:.1f} GiB "
-            "are already in use"
-        )
-    return budget
-
-
-def _num_blocks(num_blocks: int | None, budget: int | None, shape: KVShape) -> int:
-    if num_blocks is not None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
-        return num_blocks
-    if budget is None:
-        raise ValueError("give num_blocks or kv_cache_memory_bytes to size the KV cache")
-    return shape.blocks_for_budget(budget)
