@@ -71,6 +71,11 @@ check-protos: install
 		cmp -s $$f protos/$$(basename $$f) || { echo "stale generated file: protos/$$(basename $$f) (run make protos)"; exit 1; }; \
 	done && rm -rf $$tmp
 
+# The repository's git hooks (.githooks/): commit-msg refuses a subject over 72 characters.
+.PHONY: hooks
+hooks:
+	git config core.hooksPath .githooks
+
 # docs/configuration.md from the config dataclasses (tests/test_docgen.py fails when stale).
 docs: install
 	$(BIN)/python -m kvledger.docgen

@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from kvledger.models import ensure_tiny_llama, smollm2_path
-from worker.batch import SeqChunk, prepare_batch
-from worker.model_runner import ModelRunner
+from worker.runner.batch import SeqChunk, prepare_batch
+from worker.runner.model_runner import ModelRunner
 
 
 def model_path(name: str) -> Path:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from worker.batch import SeqChunk
-from worker.model_runner import ModelRunner
+from worker.runner.batch import SeqChunk
+from worker.runner.model_runner import ModelRunner
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:

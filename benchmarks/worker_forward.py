@@ -42,8 +42,8 @@ import transformers.utils.logging
 from transformers import AutoModelForCausalLM
 
 from kvledger.models import ensure_tiny_llama
-from worker.model_runner import DTYPES as TORCH_DTYPES
-from worker.model_runner import ModelRunner
+from worker.runner.model_runner import DTYPES as TORCH_DTYPES
+from worker.runner.model_runner import ModelRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.forward_steps import (  # noqa: E402

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
-from scheduler_svc.core.stats import SchedulerSnapshot
 from scheduler_svc.metrics import LedgerReading, RetiredLedgers
 from scheduler_svc.worker_link import WorkerLink
 
@@ -35,10 +34,6 @@ class LedgerReadings:
             return self._take()
 
         return asyncio.run_coroutine_threadsafe(on_loop(), loop).result(timeout=5)
-
-    def snapshots(self) -> list[tuple[str, str, SchedulerSnapshot]]:
-        """(model, worker, snapshot) of every ledger, lost workers' included (gauges at 0)."""
-        return [(r.model, r.worker, r.snapshot) for r in self()]
 
     def _take(self) -> list[LedgerReading]:
         return self.retired.readings(

@@ -23,7 +23,7 @@ SEED_RANGE = 2**64  # SamplingParams.seed is a uint64
 
 
 @dataclass(frozen=True)
-class Plan:
+class ChoiceOptions:
     """What an endpoint asks of each choice, beyond the shared sampling fields."""
 
     id_prefix: str
@@ -39,7 +39,8 @@ def check_request(
     body: SamplingRequest, model: ServedModel, limits: Limits, num_prompts: int
 ) -> StructuredSpec | None:
     """The checks that need no tokens: run before tokenizing. Returns the request's
-    structured-output constraint (compiled once here, so a bad one is a 400), for its Plan."""
+    structured-output constraint (compiled once here, so a bad one is a 400), for its
+    ChoiceOptions."""
     if model.is_embedding:
         raise APIError(400, f"model `{model.name}` is an embedding model", param="model")
     if body.stream_options is not None and not body.stream:
@@ -70,12 +71,12 @@ def build_generation(
     prompts: list[list[int]],
     salt: str,
     tenant: str,
-    plan: Plan,
+    options: ChoiceOptions,
 ) -> Generation:
     """`salt` namespaces the prefix cache per tenant; `tenant` is the tenant's tag
     (deps.tenant_tag), which the fair scheduling policy shares a worker by."""
     generation = Generation(
-        id=f"{plan.id_prefix}-{REQUEST_ID.get() or uuid.uuid4().hex}",  # the HTTP request's
+        id=f"{options.id_prefix}-{REQUEST_ID.get() or uuid.uuid4().hex}",  # the HTTP request's
         model=model,
         prompts=prompts,
         stops=body.stop_strings,
@@ -84,9 +85,9 @@ def build_generation(
     limit = model.info.max_model_len
     for p_index, prompt in enumerate(prompts):
         # Without max_tokens, a completion may fill the context, but must have room for one.
-        max_tokens = plan.max_tokens if plan.max_tokens is not None else limit - len(prompt)
+        max_tokens = options.max_tokens if options.max_tokens is not None else limit - len(prompt)
         max_tokens = max(max_tokens, 1)
-        check_context(prompt, max_tokens, limit, plan.prompt_param)
+        check_context(prompt, max_tokens, limit, options.prompt_param)
         for sample in range(body.n):
             index = len(generation.choices)
             request = generate_request(
@@ -98,11 +99,11 @@ def build_generation(
                 tenant,
                 f"{generation.id}-{index}",
                 sample,
-                plan,
+                options,
             )
             detok = IncrementalDetokenizer(model.tokenizer, prompt, body.skip_special_tokens)
-            choice = Choice(index, p_index, request, detok, echo_only=plan.echo_only)
-            if plan.top_logprobs is not None:
+            choice = Choice(index, p_index, request, detok, echo_only=options.echo_only)
+            if options.top_logprobs is not None:
                 choice.entries = []
             generation.choices.append(choice)
     return generation
@@ -145,7 +146,7 @@ def generate_request(
     tenant: str,
     request_id: str,
     sample_index: int,
-    plan: Plan,
+    options: ChoiceOptions,
 ) -> frontend_pb2.GenerateRequest:
     temperature = 1.0 if body.temperature is None else body.temperature
     sampling = frontend_pb2.SamplingParams(
@@ -156,17 +157,17 @@ def generate_request(
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
         repetition_penalty=body.repetition_penalty or 1.0,
-        logprobs=-1 if plan.top_logprobs is None else plan.top_logprobs,
+        logprobs=-1 if options.top_logprobs is None else options.top_logprobs,
         logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
     )
     if body.seed is not None:
         # The n samples of a prompt differ, yet the whole response is reproducible (vLLM's
         # seed + index); the worker's noise depends only on (seed, position).
         sampling.seed = (body.seed + sample_index) % SEED_RANGE
-    if plan.prompt_logprobs is not None:
-        sampling.prompt_logprobs = plan.prompt_logprobs
-    if plan.structured is not None:
-        sampling.structured.CopyFrom(to_wire(plan.structured))
+    if options.prompt_logprobs is not None:
+        sampling.prompt_logprobs = options.prompt_logprobs
+    if options.structured is not None:
+        sampling.structured.CopyFrom(to_wire(options.structured))
     stop = frontend_pb2.StopCriteria(
         max_tokens=max_tokens,
         stop_token_ids=body.stop_token_ids or [],
@@ -181,6 +182,6 @@ def generate_request(
         stop=stop,
         cache_salt=salt,
         priority=body.priority,
-        skip_prefix_cache=plan.prompt_logprobs is not None,
+        skip_prefix_cache=options.prompt_logprobs is not None,
         tenant=tenant,
     )

@@ -22,7 +22,7 @@ class Import:
     module: str  # the importing module, dotted ("scheduler_svc.core.tracker")
     path: Path
     line: int
-    target: str  # the imported module, dotted and absolute ("grpc", "worker.batch")
+    target: str  # the imported module, dotted and absolute ("grpc", "worker.runner.batch")
 
 
 def module_name(root: Path, path: Path) -> str:

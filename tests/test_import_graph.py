@@ -51,7 +51,7 @@ def test_a_planted_violation_of_each_rule_is_caught(tmp_path):
         tmp_path,
         {
             "scheduler_svc/__init__.py": "",
-            "scheduler_svc/worker_link.py": "from worker import batch\n",
+            "scheduler_svc/worker_link.py": "from worker.runner import batch\n",
             "scheduler_svc/core/__init__.py": "",
             "scheduler_svc/core/ok.py": "import dataclasses\nfrom . import bad\n",
             "scheduler_svc/core/bad.py": "def f():\n    import grpc\n",
@@ -62,10 +62,11 @@ def test_a_planted_violation_of_each_rule_is_caught(tmp_path):
             "kvledger/options.py": "",
             "server/__init__.py": "",
             "server/settings.py": "",
-            "server/app.py": "import worker.model_runner\n",
+            "server/app.py": "import worker.runner.model_runner\n",
             "worker/__init__.py": "",
-            "worker/batch.py": "",
-            "worker/model_runner.py": "from scheduler_svc.core import ok\n",
+            "worker/runner/__init__.py": "",
+            "worker/runner/batch.py": "",
+            "worker/runner/model_runner.py": "from scheduler_svc.core import ok\n",
         },
     )
     found = violations(tmp_path, RULES)
@@ -73,9 +74,9 @@ def test_a_planted_violation_of_each_rule_is_caught(tmp_path):
         "scheduler_svc/core/bad.py:2 imports grpc",
         "kvledger/flags.py:1 imports server.settings",
         "kvledger/config/worker.py:2 imports torch",
-        "server/app.py:1 imports worker.model_runner",
-        "scheduler_svc/worker_link.py:1 imports worker.batch",
-        "worker/model_runner.py:1 imports scheduler_svc.core.ok",
+        "server/app.py:1 imports worker.runner.model_runner",
+        "scheduler_svc/worker_link.py:1 imports worker.runner.batch",
+        "worker/runner/model_runner.py:1 imports scheduler_svc.core.ok",
     ]
 
 

@@ -21,12 +21,12 @@ from kvledger.shutdown import Stopper
 from kvledger.tls import checked
 from protos import frontend_pb2, worker_pb2
 from worker.device_defaults import choose
-from worker.distributed import GroupLost, rank_device
 from worker.executor import Executor
-from worker.link import WorkerLinkClient
+from worker.link.client import WorkerLinkClient
 from worker.metrics import WorkerMetrics
-from worker.runners import load_runner
-from worker.tp_spawn import RankGroup, exit_now
+from worker.parallel.distributed import GroupLost, rank_device
+from worker.parallel.tp_spawn import RankGroup, exit_now
+from worker.runner.base import load_runner
 
 log = logging.getLogger("worker")
 

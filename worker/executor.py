@@ -9,8 +9,8 @@ error in the step's outcome; the rest of the batch runs. Under async scheduling 
 made before the scheduler heard of such a failure, may still continue the request: that
 continuation is void, skipped and recording nothing, until a plan drops the request.
 
-Plans and outcomes are the dataclasses of `worker/plan.py`; `worker/convert.py` turns them into
-wire messages and back.
+Plans and outcomes are the dataclasses of `worker/link/step.py`; `worker/link/wire.py` turns
+them into wire messages and back.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import time
 from dataclasses import dataclass
 
 from kvledger.structured import StructuredError
-from worker.batch import SeqChunk, check_chunk
-from worker.constraints import Constraint
-from worker.plan import ContinueSeq, EmbedParams, NewSeq, Plan, StepOutput
-from worker.pooling import EmbedItem, check_item
+from worker.link.step import ContinueSeq, EmbedParams, NewSeq, StepOutput, StepPlan
 from worker.provenance import PlanWrites, Provenance
-from worker.runners import Runner
-from worker.sampling_params import SamplingParams
+from worker.runner.base import Runner
+from worker.runner.batch import SeqChunk, check_chunk
+from worker.runner.pooling import EmbedItem, check_item
+from worker.sample.constraints import Constraint
+from worker.sample.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class Executor:
         self.voided.clear()
         self.provenance.clear()
 
-    def step(self, plan: Plan) -> StepOutput:
+    def step(self, plan: StepPlan) -> StepOutput:
         started = time.perf_counter()
         out = StepOutput(step_id=plan.step_id)
         try:
@@ -81,7 +81,7 @@ class Executor:
         out.step_seconds = time.perf_counter() - started
         return out
 
-    def _step(self, plan: Plan, out: StepOutput) -> None:
+    def _step(self, plan: StepPlan, out: StepOutput) -> None:
         for request_id in plan.dropped:
             self.seqs.pop(request_id, None)
             self.voided.discard(request_id)
@@ -99,7 +99,9 @@ class Executor:
         self._run(scheduled, writes, out)
         self._record(plan, writes, out)
 
-    def fail_plan(self, plan: Plan, message: str, partial: StepOutput | None = None) -> StepOutput:
+    def fail_plan(
+        self, plan: StepPlan, message: str, partial: StepOutput | None = None
+    ) -> StepOutput:
         """A step that raised: its requests end with an error, except those it had already
         refused as stale (`partial`; they are recomputed), and the worker keeps serving.
 
@@ -281,7 +283,7 @@ class Executor:
         self.voided.add(request_id)
         self.seqs.pop(request_id, None)
 
-    def _record(self, plan: Plan, writes: PlanWrites, out: StepOutput) -> None:
+    def _record(self, plan: StepPlan, writes: PlanWrites, out: StepOutput) -> None:
         """Provenance of the blocks really written, recorded now that the plan ran; blocks an
         embedding pass was declared to fill are reported removed."""
         written, unwritten = writes.settle(plan)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from worker.plan import BlockHashPair, Plan
+from worker.link.step import BlockHashPair, StepPlan
 
 
 class Provenance:
@@ -88,7 +88,7 @@ class PlanWrites:
     no_kv: set[str] = field(default_factory=set)
 
     @classmethod
-    def of(cls, plan: Plan, voided: Container[str]) -> PlanWrites:
+    def of(cls, plan: StepPlan, voided: Container[str]) -> PlanWrites:
         """Blocks this plan declares written, by request; a void continuation writes nothing,
         and neither does an embedding request."""
         pending: dict[int, tuple[bytes, str]] = {}
@@ -119,7 +119,7 @@ class PlanWrites:
                 self.failed.add(rid)
             live = {rid: table for rid, table in live.items() if rid not in self.failed}
 
-    def settle(self, plan: Plan) -> tuple[list[BlockHashPair], list[int]]:
+    def settle(self, plan: StepPlan) -> tuple[list[BlockHashPair], list[int]]:
         """After the plan ran: the declared blocks really written (to record and report
         stored), and those an embedding pass was declared to fill but never wrote (to report
         removed: the scheduler believes they hold KV). A failed request's declarations are

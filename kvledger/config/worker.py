@@ -20,7 +20,8 @@ from kvledger.groups import (
 )
 from kvledger.options import option
 
-# "auto": the checkpoint's dtype when it is a half type, else float32 (worker/model_runner.py).
+# "auto": the checkpoint's dtype when it is a half type, else float32
+# (worker/runner/model_runner.py).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # worker/attention/__init__.py: get_backend
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash_attn")

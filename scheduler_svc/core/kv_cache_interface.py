@@ -98,9 +98,6 @@ class KVManager(ABC):
     @abstractmethod
     def claimed_pairs(self, request_id: str, num_blocks: int) -> list[BlockHashPair]: ...
 
-    @abstractmethod
-    def has_table(self, request_id: str) -> bool: ...
-
     @property
     @abstractmethod
     def num_tables(self) -> int: ...

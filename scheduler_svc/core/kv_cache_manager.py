@@ -168,9 +168,6 @@ class KVCacheManager(KVManager):
             pairs.append((block.block_id, block.block_hash))
         return pairs
 
-    def has_table(self, request_id: str) -> bool:
-        return request_id in self.tables
-
     def free_orphan_tables(self, running_ids: Container[str]) -> int:
         orphans = [rid for rid in self.tables if rid not in running_ids]
         for rid in orphans:

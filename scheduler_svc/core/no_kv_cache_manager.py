@@ -74,9 +74,6 @@ class NoKVCacheManager(KVManager):
     def claimed_pairs(self, request_id: str, num_blocks: int) -> list[BlockHashPair]:
         return []
 
-    def has_table(self, request_id: str) -> bool:
-        return False
-
     def free_orphan_tables(self, running_ids: Container[str]) -> int:
         return 0
 

@@ -23,7 +23,7 @@ from server.deps import model_for, scheduler, settings_of, tenant, tenant_salt, 
 from server.errors import APIError, error_responses
 from server.generation import merged
 from server.offload import off_loop
-from server.sampling import Plan, build_generation, check_request
+from server.sampling import ChoiceOptions, build_generation, check_request
 from server.streaming import drain, sse_response, until_disconnect
 from server.tools import ToolPlan, tool_constraint, tool_plan
 
@@ -91,11 +91,11 @@ def _prepare(
     prompt = chat_prompt(
         body.messages, body, model, limits, settings.special_tokens_in_content, tools
     )
-    plan = Plan(
+    options = ChoiceOptions(
         id_prefix="chatcmpl",
         max_tokens=body.token_limit,
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         prompt_param="messages",
         structured=spec,
     )
-    return build_generation(body, model, [prompt], salt, tag, plan), tools
+    return build_generation(body, model, [prompt], salt, tag, options), tools

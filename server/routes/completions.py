@@ -21,7 +21,7 @@ from server.responses import (
     CompletionLogprobs,
     CompletionResponse,
 )
-from server.sampling import Plan, build_generation, check_request
+from server.sampling import ChoiceOptions, build_generation, check_request
 from server.streaming import drain, event, sse_response, until_disconnect
 from server.tokens import Tokenized, count_prompts, echoed, token_text, tokenize_prompts
 
@@ -66,7 +66,7 @@ def _prepare(
         )
     spec = check_request(body, model, limits, count_prompts(body.prompt))  # before tokenizing
     prompts = tokenize_prompts(body.prompt, model, add_special_tokens=body.add_special_tokens)
-    plan = Plan(
+    options = ChoiceOptions(
         id_prefix="cmpl",
         max_tokens=body.max_tokens,
         top_logprobs=body.logprobs,
@@ -75,7 +75,7 @@ def _prepare(
         echo_only=body.max_tokens == 0,
         structured=spec,
     )
-    generation = build_generation(body, model, [p.ids for p in prompts], salt, tag, plan)
+    generation = build_generation(body, model, [p.ids for p in prompts], salt, tag, options)
     echoes = [echoed(model.tokenizer, p) for p in prompts] if body.echo else None
     return generation, echoes
 

@@ -135,8 +135,13 @@ class Harness:
         assert isinstance(self.sched.kv, KVCacheManager)
         return self.sched.kv
 
+    def has_table(self, rid: str) -> bool:
+        """Whether the ledger holds a block table for the request (the no-cache manager never
+        does)."""
+        return isinstance(self.sched.kv, KVCacheManager) and rid in self.sched.kv.tables
+
     def table(self, rid: str) -> list[int]:
-        return self.sched.kv.block_ids(rid) if self.sched.kv.has_table(rid) else []
+        return self.sched.kv.block_ids(rid) if self.has_table(rid) else []
 
     def free_queue(self) -> list[int]:
         return [b.block_id for b in self.kv.pool.free_queue]

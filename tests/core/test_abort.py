@@ -52,7 +52,7 @@ def test_abort_in_every_state(kv: bool, state: str) -> None:
     else:
         assert aborted is True
         assert rid not in h.sched.requests and rid not in h.sched.tracker.entries
-        assert not h.sched.kv.has_table(rid)
+        assert not h.has_table(rid)
         assert r.status is RequestStatus.FINISHED and r.finish_reason is FinishReason.ABORT
         assert stats.entries_released["aborted"] == 1
         assert h.sched.abort_request(rid) is False  # twice: the second does nothing
@@ -87,7 +87,7 @@ def test_a_request_the_frontend_finished_on_a_stop_string_counts_as_stop(kv: boo
     assert h.sched.abort_request("r", FinishReason.STOP)
     assert h.worker.requests["r"].finish_reason is FinishReason.STOP
     assert stats.entries_released["finished"] == 1 and stats.entries_released["aborted"] == 0
-    assert "r" not in h.sched.tracker.entries and not h.sched.kv.has_table("r")
+    assert "r" not in h.sched.tracker.entries and not h.has_table("r")
     assert "r" in h.step().dropped_request_ids
     h.run_to_idle()
     assert h.sched.snapshot().blocks_in_use == 0 and len(h.sched.tracker) == 0

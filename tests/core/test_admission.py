@@ -86,7 +86,7 @@ def test_failed_allocation_changes_nothing(kv: bool) -> None:
         [b.generation for b in pool.blocks],
     )
     assert after == before
-    assert not h.kv.has_table("y") and h.sched.stats.entries_released["no_blocks"] == 1
+    assert not h.has_table("y") and h.sched.stats.entries_released["no_blocks"] == 1
     assert h.sched.tracker.peek_lookup("y") is None  # nothing learned here is kept
 
 
@@ -232,7 +232,7 @@ def test_every_admission_failure_branch_releases_the_lookup_and_leaves_nothing(
 def _assert_untouched(h: Harness, rid: str) -> None:
     r = h.sched.requests[rid]
     assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-    assert r.num_computed_tokens == 0 and not h.sched.kv.has_table(rid)
+    assert r.num_computed_tokens == 0 and not h.has_table(rid)
     assert rid in h.sched.tracker.entries
     assert all(n.request_id != rid for n in h.last.new)
 

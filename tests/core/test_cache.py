@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from scheduler_svc.core import Scheduler, sha256_block_hash
+from scheduler_svc.core import RequestStatus, Scheduler, sha256_block_hash
 from scheduler_svc.core.block_hash import BlockHash, ExtraKeys
 from tests.core.fakes import FakeWorker
 from tests.core.harness import Harness, config, request
@@ -226,7 +226,7 @@ def test_chunked_prefill_continues_across_steps_with_an_eviction_in_between(
     else:
         assert sum(stale.values()) == 0
     h.finish_step()
-    assert h.outputs("x") == [1020] and x.is_finished
+    assert h.outputs("x") == [1020] and x.status is RequestStatus.FINISHED
     if kv:
         pool = h.kv.pool
         assert pool.blocks[1].parent is pool.blocks[5]  # x's own chain, across all chunks

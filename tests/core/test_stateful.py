@@ -386,7 +386,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert snap.num_running == snap.num_waiting == 0 and h.sched.kv.num_tables == 0
         assert snap.prefix_cache_hits <= snap.prefix_cache_queries
         for r in self.added:
-            assert r.is_finished, f"{r.request_id} never finished"
+            assert r.status is RequestStatus.FINISHED, f"{r.request_id} never finished"
             end = h.finish_of(r.request_id)
             if r.finish_reason.value != "abort":
                 assert end is not None and end.finish_reason == r.finish_reason

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from protos import frontend_pb2, worker_pb2
 from tests.service.helpers import PositionRunner, limits_of
 from worker.executor import Executor
-from worker.link import WorkerLinkClient
+from worker.link.client import WorkerLinkClient
 from worker.metrics import WorkerMetrics
 
 GENERATE, EMBED = frontend_pb2.MODEL_KIND_GENERATE, frontend_pb2.MODEL_KIND_EMBED

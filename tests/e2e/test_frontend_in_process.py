@@ -22,8 +22,8 @@ from tests.service.helpers import (
     ledger_idle,
     wait_for,
 )
-from worker.batch import SeqChunk
-from worker.sampler import Sample, TokenLogprobs
+from worker.runner.batch import SeqChunk
+from worker.sample.sampler import Sample, TokenLogprobs
 
 
 def finished(scheduler, reason: str) -> float:  # noqa: ANN001

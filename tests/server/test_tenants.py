@@ -8,7 +8,7 @@ from protos import frontend_pb2
 from scheduler_svc.wire import request_from_embed_input, request_from_generate
 from server.deps import tenant_salt, tenant_tag
 from server.protocol import CompletionRequest
-from server.sampling import Plan, generate_request
+from server.sampling import ChoiceOptions, generate_request
 
 KEY = "sk-a-very-secret-key"
 TENANT_ID = "0123456789abcdef"  # what deps.tenant derives from a key
@@ -27,7 +27,15 @@ def test_the_tag_rides_on_every_generate_request_onto_the_ledgers_request() -> N
     body = CompletionRequest(model="m", prompt="x", max_tokens=3, priority=2)
     model = SimpleNamespace(name="m")
     wire = generate_request(
-        body, model, [5, 6, 7], 3, "salt", tenant_tag(TENANT_ID), "cmpl-1-0", 0, Plan("cmpl", 3)
+        body,
+        model,
+        [5, 6, 7],
+        3,
+        "salt",
+        tenant_tag(TENANT_ID),
+        "cmpl-1-0",
+        0,
+        ChoiceOptions("cmpl", 3),
     )
     assert wire.tenant == tenant_tag(TENANT_ID)
     wire = frontend_pb2.GenerateRequest.FromString(wire.SerializeToString())

@@ -18,13 +18,13 @@ from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
 from scheduler_svc.__main__ import start
 from tests.core.harness import has_unfinished
 from tests.serving import free_port
-from worker.batch import BatchLimits, SeqChunk
 from worker.executor import Executor
-from worker.link import WorkerLinkClient
+from worker.link.client import WorkerLinkClient
 from worker.metrics import WorkerMetrics
-from worker.pooling import EmbedItem
-from worker.runners import Runner
-from worker.sampler import PromptLogprobs, Sample, TokenLogprobs
+from worker.runner.base import Runner
+from worker.runner.batch import BatchLimits, SeqChunk
+from worker.runner.pooling import EmbedItem
+from worker.sample.sampler import PromptLogprobs, Sample, TokenLogprobs
 
 VOCAB = 1000
 EOS = 999

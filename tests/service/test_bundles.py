@@ -33,8 +33,8 @@ from tests.service.helpers import (
     running_scheduler,
     wait_for,
 )
-from worker.batch import SeqChunk
-from worker.sampler import Sample
+from worker.runner.batch import SeqChunk
+from worker.sample.sampler import Sample
 
 STEPS = "4"
 

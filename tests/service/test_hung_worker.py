@@ -18,8 +18,8 @@ from tests.service.helpers import (
     running_scheduler,
     wait_for,
 )
-from worker.batch import SeqChunk
-from worker.sampler import Sample
+from worker.runner.batch import SeqChunk
+from worker.sample.sampler import Sample
 
 
 class HangingRunner(PositionRunner):
@@ -81,7 +81,7 @@ def test_a_worker_that_hangs_mid_step_is_dropped_and_its_requests_move():
                 "kvledger_worker_step_timeouts_total", {"model": "m", "worker": "hung"}
             )
             assert timeouts == 1
-            lost = {w: s.entries_released["worker_lost"] for _, w, s in engine.readings.snapshots()}
+            lost = {r.worker: r.snapshot.entries_released["worker_lost"] for r in engine.readings()}
             assert lost["hung"] == 1
 
             # The step returns at last: its result goes to a call that is over, and the

@@ -16,7 +16,7 @@ from tests.deploy.tools import REPO
 from tests.service.helpers import PositionRunner, registration, running_scheduler, wait_for
 from tests.serving import free_port
 from worker.executor import Executor
-from worker.link import WorkerLinkClient
+from worker.link.client import WorkerLinkClient
 from worker.metrics import WorkerMetrics
 
 BIG = 1_500_000  # ~1.5-2 s to build here; ~200 MB

@@ -22,7 +22,7 @@ from tests.service.helpers import (
     registration as stand_in_registration,
 )
 from worker.executor import Executor
-from worker.link import WorkerLinkClient
+from worker.link.client import WorkerLinkClient
 from worker.metrics import WorkerMetrics
 
 

@@ -16,7 +16,7 @@ from server.client import SchedulerClient
 from tests.certs import CA
 from tests.service.helpers import Worker, expected_tokens, running_scheduler, wait_for
 from tests.serving import free_port
-from worker import link
+from worker.link import client as link_client
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_a_tls_scheduler_serves_workers_and_frontends_that_trust_its_ca(pki):
 def test_a_worker_trusting_another_ca_or_none_is_never_served_and_says_why(
     pki, monkeypatch, caplog
 ):
-    monkeypatch.setattr(link, "NOT_READY_WARN_SECONDS", 0.5)
+    monkeypatch.setattr(link_client, "NOT_READY_WARN_SECONDS", 0.5)
     with running_scheduler(*tls_flags(pki, mutual=False)) as scheduler:
         assert never_registers(scheduler, TlsFiles(ca=pki["other"]))
         assert "do --grpc-tls-ca and the scheduler's certificate match" in caplog.text

@@ -17,7 +17,7 @@ from tests.deploy.tools import REPO, run
 from tests.service.helpers import PositionRunner, registration, running_scheduler, wait_for
 from tests.serving import free_port
 from worker.executor import Executor
-from worker.link import WorkerLinkClient
+from worker.link.client import WorkerLinkClient
 from worker.metrics import WorkerMetrics
 
 

@@ -5,9 +5,9 @@ the plan messages the scheduler sends."""
 from __future__ import annotations
 
 from protos import worker_pb2
-from worker.batch import BatchLimits, SeqChunk
-from worker.pooling import EmbedItem
-from worker.sampler import Sample, TokenLogprobs
+from worker.runner.batch import BatchLimits, SeqChunk
+from worker.runner.pooling import EmbedItem
+from worker.sample.sampler import Sample, TokenLogprobs
 
 # Wide enough for every plan below that is not about limits.
 WIDE = BatchLimits(block_size=16, num_blocks=16, vocab_size=1000, max_model_len=256)

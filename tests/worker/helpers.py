@@ -9,10 +9,10 @@ import torch
 
 from protos import worker_pb2
 from worker.attention.base import AttentionBackend
-from worker.batch import SeqChunk
-from worker.convert import plan_from_wire, result_to_wire
 from worker.executor import Executor
-from worker.model_runner import ModelRunner
+from worker.link.wire import plan_from_wire, result_to_wire
+from worker.runner.batch import SeqChunk
+from worker.runner.model_runner import ModelRunner
 
 SMALL = dict(
     vocab_size=256,
@@ -108,10 +108,24 @@ def blocks_for(num_tokens: int, block_size: int, first: int = 0) -> list[int]:
     return list(range(first, first + -(-num_tokens // block_size)))
 
 
+@torch.inference_mode()
+def logits_for(
+    runner: ModelRunner, chunks: list[SeqChunk], all_tokens: bool = False
+) -> torch.Tensor:
+    """float32 logits at each chunk's last token [S, V], or at every token [T, V].
+
+    A real step (`ModelRunner.forward`): the chunks' K/V are written to the cache as in
+    `execute`."""
+    last_rows, hidden = runner.forward(chunks)
+    if not all_tokens:
+        hidden = hidden[torch.tensor(last_rows, device=runner.device)]
+    return runner.model.compute_logits(hidden).float()
+
+
 def full_logits(runner: ModelRunner, tokens: list[int], first_block: int = 0) -> torch.Tensor:
     """All-position logits of one prefill from position 0 on fresh blocks."""
     table = blocks_for(len(tokens), runner.block_size, first_block)
-    return runner.logits_for([SeqChunk("full", tokens, 0, table, True)], all_tokens=True)
+    return logits_for(runner, [SeqChunk("full", tokens, 0, table, True)], all_tokens=True)
 
 
 def random_tokens(n: int, vocab: int, seed: int) -> list[int]:
@@ -152,8 +166,9 @@ def run_mixed(runner: ModelRunner, scale: int = 1) -> torch.Tensor:
     tables["s"][0] = tables["p"][0]
     prior = {"c": 29 * u, "d1": 28 * u, "d2": u}
     runner.execute([SeqChunk(n, prompts[n][:k], 0, tables[n], False) for n, k in prior.items()])
-    decodes = runner.logits_for(
-        [SeqChunk(n, [prompts[n][prior[n]]], prior[n], tables[n], True) for n in ("d1", "d2")]
+    decodes = logits_for(
+        runner,
+        [SeqChunk(n, [prompts[n][prior[n]]], prior[n], tables[n], True) for n in ("d1", "d2")],
     )
     d1, c, d2 = prior["d1"] + 1, prior["c"], prior["d2"] + 1
     mixed = [
@@ -164,7 +179,7 @@ def run_mixed(runner: ModelRunner, scale: int = 1) -> torch.Tensor:
         # same-step sharing: reads p's first block, which p writes in this very step
         SeqChunk("s", prompts["s"][bs:], bs, tables["s"], True),
     ]
-    return torch.cat([decodes, runner.logits_for(mixed, all_tokens=True)])
+    return torch.cat([decodes, logits_for(runner, mixed, all_tokens=True)])
 
 
 ATOL = 1e-4
@@ -229,7 +244,7 @@ def attention_steps(
     mixed step (a fresh prefill, a chunk over a cached prefix, decodes). One layer, no model
     around it, so a wrong block, slot or head shows at full size. Returns (got, float32 ref)."""
     from worker.attention.torch_backend import TorchAttention
-    from worker.batch import BatchLimits, prepare_batch
+    from worker.runner.batch import BatchLimits, prepare_batch
 
     bs, u = block_size, block_size // 16
     gen = torch.Generator().manual_seed(7)

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.worker.helpers import random_tokens
-from worker.embedding_runner import EmbeddingRunner
-from worker.pooling import EmbedItem
-from worker.runners import load_runner
+from worker.runner.base import load_runner
+from worker.runner.embedding_runner import EmbeddingRunner
+from worker.runner.pooling import EmbedItem
 
 BERT = dict(
     vocab_size=100,

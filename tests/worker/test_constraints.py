@@ -1,4 +1,4 @@
-"""The sampler's grammar masks (worker/constraints.py), on a small byte-level tokenizer and
+"""The sampler's grammar masks (worker/sample/constraints.py), on a small byte-level tokenizer and
 random logits: every structured row samples only what its grammar allows, greedy and random
 alike, while other rows of the batch sample as before; a finished grammar forces EOS (even
 against min_tokens); a matcher rebuilt from a request's outputs is where the old one was; a
@@ -17,10 +17,10 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from kvledger.structured import StructuredError, StructuredSpec, choice_spec, json_schema_spec
 from server.token_bytes import byte_of_char
-from worker.batch import SeqChunk
-from worker.constraints import Grammars, allowed
-from worker.sampler import Sampler
-from worker.sampling_params import SamplingParams
+from worker.runner.batch import SeqChunk
+from worker.sample.constraints import Grammars, allowed
+from worker.sample.sampler import Sampler
+from worker.sample.sampling_params import SamplingParams
 
 EOS = 258  # after the 256 byte tokens and two merges
 VOCAB = 300  # wider than the tokenizer: ids 259.. name no token and are never allowed

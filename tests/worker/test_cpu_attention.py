@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from tests.serving import REPO
-from tests.worker.helpers import make_runner, random_tokens, run_mixed
+from tests.worker.helpers import logits_for, make_runner, random_tokens, run_mixed
 from worker import native
 from worker.attention import get_backend
 from worker.attention.cpu_backend import CpuPagedAttention
 from worker.attention.torch_backend import TorchAttention
-from worker.batch import SeqChunk
+from worker.runner.batch import SeqChunk
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_decode_only_steps_equal_torch_backend_over_many_steps(kernel, tiny_llam
             chunks = [
                 SeqChunk(f"s{i}", seqs[i][-1:], len(seqs[i]) - 1, tables[i], True) for i in range(3)
             ]
-            out = runner.logits_for(chunks)
+            out = logits_for(runner, chunks)
             logits.append(out)
             for i, token in enumerate(out.argmax(-1).tolist()):
                 seqs[i].append(token)

@@ -21,14 +21,15 @@ from tests.worker.helpers import (
     greedy,
     hf_greedy,
     hf_model,
+    logits_for,
     make_runner,
     random_tokens,
     run_mixed,
 )
 from worker.attention import get_backend
 from worker.attention.flash_attn_backend import FlashAttention
-from worker.batch import SeqChunk
-from worker.model_runner import ModelRunner
+from worker.runner.batch import SeqChunk
+from worker.runner.model_runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)"
@@ -186,8 +187,8 @@ def test_cuda_graph_decode_equals_the_eager_step(tiny_llama_dir: Path) -> None:
     runner = graphed_runner(tiny_llama_dir)
     step = prefilled(runner)
     graphs = runner.graphs
-    got = runner.logits_for(step)
+    got = logits_for(runner, step)
     runner.graphs = None
-    expected = runner.logits_for(step)
+    expected = logits_for(runner, step)
     runner.graphs = graphs
     torch.testing.assert_close(got, expected, atol=0.05, rtol=0.02)

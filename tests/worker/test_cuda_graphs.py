@@ -1,4 +1,4 @@
-"""Decode steps as CUDA graphs (worker/cuda_graphs.py) and the CUDA defaults
+"""Decode steps as CUDA graphs (worker/runner/cuda_graphs.py) and the CUDA defaults
 (worker/device_defaults.py), as far as a machine without a GPU can check them.
 
 Capturing and replaying a graph needs a GPU (tests/worker/test_cuda.py does it there). What
@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from tests.worker import flash_attn_standin as standin
-from tests.worker.helpers import make_runner, random_tokens, use_backend
+from tests.worker.helpers import logits_for, make_runner, random_tokens, use_backend
 from worker.attention.flash_attn_backend import FlashAttention
-from worker.batch import BatchLimits, SeqChunk
-from worker.cuda_graphs import DecodeGraphs, buckets
 from worker.device_defaults import choose
+from worker.runner.batch import BatchLimits, SeqChunk
+from worker.runner.cuda_graphs import DecodeGraphs, buckets
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_padded_static_inputs_compute_the_eager_step(flash_attn, hf_checkpoint, 
     runner.execute([SeqChunk(n, prompts[n][:k], 0, tables[n], False) for n, k in lengths.items()])
     step = [SeqChunk(n, [prompts[n][k]], k, tables[n], True) for n, k in lengths.items()]
     before = [k.clone() for k in runner.kv_cache.k]
-    expected = runner.logits_for(step)
+    expected = logits_for(runner, step)
     after_eager = [k.clone() for k in runner.kv_cache.k]
     with torch.inference_mode():
         hidden = graphs.run(step, limits, replay=False)

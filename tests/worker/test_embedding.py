@@ -14,11 +14,11 @@ from kvledger.models import embedding_model_path
 from protos import worker_pb2
 from tests.worker.helpers import random_tokens, wire_step
 from worker.config import UnsupportedModelError
-from worker.embedding_runner import EmbeddingRunner
 from worker.executor import Executor
-from worker.model_runner import ModelRunner
-from worker.pooling import EmbedItem, PoolingConfig, pool
-from worker.runners import load_runner
+from worker.runner.base import load_runner
+from worker.runner.embedding_runner import EmbeddingRunner
+from worker.runner.model_runner import ModelRunner
+from worker.runner.pooling import EmbedItem, PoolingConfig, pool
 
 SENTENCES = [
     "Hello world",

@@ -13,8 +13,8 @@ from tests.worker.executor_plans import (
     new_request,
 )
 from tests.worker.helpers import wire_step
-from worker.batch import BatchLimits
 from worker.executor import Executor
+from worker.runner.batch import BatchLimits
 
 
 def test_a_bad_request_fails_alone_and_its_readers_are_recomputed():

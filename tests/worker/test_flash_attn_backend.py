@@ -17,6 +17,7 @@ import torch
 from tests.worker import flash_attn_standin as standin
 from tests.worker.helpers import (
     attention_steps,
+    logits_for,
     make_runner,
     random_tokens,
     run_mixed,
@@ -26,8 +27,8 @@ from worker.attention import flash_attn_backend as fa
 from worker.attention import get_backend
 from worker.attention.flash_attn_backend import FlashAttention, FlashAttnUnsupported
 from worker.attention.torch_backend import TorchAttention
-from worker.batch import SeqChunk
-from worker.model_runner import ModelRunner
+from worker.runner.batch import SeqChunk
+from worker.runner.model_runner import ModelRunner
 
 BS = 16
 CUDA = torch.device("cuda")
@@ -117,7 +118,7 @@ def test_block_size_256_and_bfloat16(flash_attn, tiny_llama_dir: Path) -> None:
 
     def logits(runner: ModelRunner) -> torch.Tensor:
         runner.execute(chunks)
-        return runner.logits_for(follow, all_tokens=True)
+        return logits_for(runner, follow, all_tokens=True)
 
     def runner() -> ModelRunner:
         return make_runner(tiny_llama_dir, num_blocks=3, block_size=256, dtype="bfloat16")

@@ -172,8 +172,8 @@ def test_argmax_rows_equals_torch_and_takes_the_first_of_ties(ops, dtype: torch.
 
 
 def test_the_greedy_sampler_uses_the_kernel_and_still_fails_nonfinite_rows(ops) -> None:
-    from worker.batch import SeqChunk
-    from worker.sampler import NONFINITE_LOGITS, Sampler
+    from worker.runner.batch import SeqChunk
+    from worker.sample.sampler import NONFINITE_LOGITS, Sampler
 
     logits = torch.randn(4, 300)
     logits[2, 7] = float("nan")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.kv_cache import KVCache, KVShape
+from worker.runner.kv_cache import KVCache, KVShape
 
 SHAPE = KVShape(num_layers=4, block_size=16, num_kv_heads=2, head_dim=32, dtype=torch.float32)
 
@@ -29,7 +29,7 @@ def test_allocate_per_layer_k_and_v() -> None:
 
 
 def test_gpu_kv_budget_is_the_utilization_share_minus_used_and_headroom():
-    from worker.model_runner import gpu_kv_budget
+    from worker.runner.kv_cache import gpu_kv_budget
 
     gib = 1 << 30
     # 80 GiB device, 10 GiB in use (weights), 90 %: 72 - 10 - 1 headroom = 61 GiB.

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.batch import SeqChunk
-from worker.sampler import Sampler
-from worker.sampling_params import SamplingParams
+from worker.runner.batch import SeqChunk
+from worker.sample.sampler import Sampler
+from worker.sample.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0])
 

@@ -8,10 +8,10 @@ import torch
 
 from protos import frontend_pb2
 from scheduler_svc.wire import sampling_with_min_tokens
-from worker.batch import SeqChunk
-from worker.convert import sampling_from_wire
-from worker.sampler import Sampler
-from worker.sampling_params import SamplingParams
+from worker.link.wire import sampling_from_wire
+from worker.runner.batch import SeqChunk
+from worker.sample.sampler import Sampler
+from worker.sample.sampling_params import SamplingParams
 
 EOS, STOP = 5, 0
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0])  # greedy: EOS, then STOP

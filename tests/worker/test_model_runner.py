@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.worker.helpers import make_runner, random_tokens
-from worker.batch import BatchLimits, SeqChunk, check_chunk
-from worker.model_runner import ModelRunner
-from worker.sampling_params import SamplingParams
+from tests.worker.helpers import logits_for, make_runner, random_tokens
+from worker.runner.batch import BatchLimits, SeqChunk, check_chunk
+from worker.runner.model_runner import ModelRunner
+from worker.sample.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_refusals_before_memory(llama: Path) -> None:
 def test_bfloat16_runs_close_to_float32(llama: Path) -> None:
     tokens = random_tokens(30, 256, seed=6)
     chunk = SeqChunk("r", tokens, 0, [0, 1], True)
-    full = make_runner(llama).logits_for([chunk])
+    full = logits_for(make_runner(llama), [chunk])
     half = make_runner(llama, dtype="bfloat16")
     assert half.kv_cache.k[0].dtype == torch.bfloat16
-    assert torch.nn.functional.cosine_similarity(half.logits_for([chunk]), full).item() > 0.99
+    assert torch.nn.functional.cosine_similarity(logits_for(half, [chunk]), full).item() > 0.99

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.worker.helpers import blocks_for, full_logits, make_runner, random_tokens
+from tests.worker.helpers import blocks_for, full_logits, logits_for, make_runner, random_tokens
 from worker.attention.torch_backend import TorchAttention, TorchPlan, write_kv
-from worker.batch import SeqChunk
-from worker.model_runner import ModelRunner
+from worker.runner.batch import SeqChunk
+from worker.runner.model_runner import ModelRunner
 
 BS = 16
 ATOL = 1e-5
@@ -40,7 +40,7 @@ def test_prefill_over_cached_prefix_equals_full_prefill(runner: ModelRunner, spl
     expected = full_logits(runner, tokens, first_block=10)
     table = blocks_for(len(tokens), BS)
     runner.execute([SeqChunk("a", tokens[:split], 0, table, False)])
-    rest = runner.logits_for([SeqChunk("a", tokens[split:], split, table, True)], all_tokens=True)
+    rest = logits_for(runner, [SeqChunk("a", tokens[split:], split, table, True)], all_tokens=True)
     close(rest, expected[split:])
 
 
@@ -50,7 +50,7 @@ def test_prefix_cache_hit_from_another_request(runner: ModelRunner) -> None:
     prompt_b = prompt_a[:32] + random_tokens(13, 256, seed=12)
     runner.execute([SeqChunk("a", prompt_a, 0, [0, 1, 2], True)])
     table_b = [0, 1, 5, 6]
-    got = runner.logits_for([SeqChunk("b", prompt_b[32:], 32, table_b, True)], all_tokens=True)
+    got = logits_for(runner, [SeqChunk("b", prompt_b[32:], 32, table_b, True)], all_tokens=True)
     close(got, full_logits(runner, prompt_b, first_block=20)[32:])
 
 
@@ -60,8 +60,10 @@ def test_chunked_prefill_in_several_pieces(runner: ModelRunner) -> None:
     table = [7, 3, 11, 5]  # block ids need not be ordered or contiguous
     start = 0
     for size in (5, 11, 16, 1, 17):
-        got = runner.logits_for(
-            [SeqChunk("a", tokens[start : start + size], start, table, True)], all_tokens=True
+        got = logits_for(
+            runner,
+            [SeqChunk("a", tokens[start : start + size], start, table, True)],
+            all_tokens=True,
         )
         close(got, expected[start : start + size])
         start += size
@@ -85,11 +87,11 @@ def test_mixed_batch_equals_running_apart(llama: Path) -> None:
 
     together = make_runner(llama, num_blocks=8, block_size=BS)
     fill_prior(together)
-    mixed = together.logits_for([chunk(n) for n in ("d1", "p", "c", "d2")])
+    mixed = logits_for(together, [chunk(n) for n in ("d1", "p", "c", "d2")])
 
     apart = make_runner(llama, num_blocks=8, block_size=BS)
     fill_prior(apart)
-    alone = torch.cat([apart.logits_for([chunk(n)]) for n in ("d1", "p", "c", "d2")])
+    alone = torch.cat([logits_for(apart, [chunk(n)]) for n in ("d1", "p", "c", "d2")])
     close(mixed, alone)
 
 
@@ -105,11 +107,11 @@ def _shared_step(runner: ModelRunner) -> tuple[SeqChunk, SeqChunk]:
 def test_same_step_sharing_equals_one_after_another(llama: Path) -> None:
     one_step = make_runner(llama, num_blocks=8, block_size=BS)
     a, b = _shared_step(one_step)
-    together = one_step.logits_for([a, b])
+    together = logits_for(one_step, [a, b])
 
     two_steps = make_runner(llama, num_blocks=8, block_size=BS)
-    first = two_steps.logits_for([a])
-    second = two_steps.logits_for([b])
+    first = logits_for(two_steps, [a])
+    second = logits_for(two_steps, [b])
     close(together, torch.cat([first, second]))
 
 
@@ -130,7 +132,7 @@ def test_same_step_sharing_needs_write_before_read(llama: Path) -> None:
     for layer in bad.model.attention_layers():
         layer.backend = ReadBeforeWrite()
     a, b = _shared_step(good)
-    assert not torch.allclose(good.logits_for([a, b])[1], bad.logits_for([a, b])[1], atol=1e-3)
+    assert not torch.allclose(logits_for(good, [a, b])[1], logits_for(bad, [a, b])[1], atol=1e-3)
 
 
 def test_decode_steps_equal_full_prefill(runner: ModelRunner) -> None:
@@ -139,7 +141,7 @@ def test_decode_steps_equal_full_prefill(runner: ModelRunner) -> None:
     table = [9, 2, 14]
     runner.execute([SeqChunk("a", tokens[:20], 0, table, False)])
     for pos in range(20, 37):
-        got = runner.logits_for([SeqChunk("a", [tokens[pos]], pos, table, True)])
+        got = logits_for(runner, [SeqChunk("a", [tokens[pos]], pos, table, True)])
         close(got[0], expected[pos])
 
 
@@ -149,6 +151,6 @@ def test_sliding_window_chunks_equal_full_prefill(hf_checkpoint) -> None:
     expected = full_logits(runner, tokens, first_block=8)
     table = blocks_for(30, 4)
     runner.execute([SeqChunk("a", tokens[:13], 0, table, False)])
-    got = runner.logits_for([SeqChunk("a", tokens[13:29], 13, table, False)], all_tokens=True)
+    got = logits_for(runner, [SeqChunk("a", tokens[13:29], 13, table, False)], all_tokens=True)
     close(got, expected[13:29])
-    close(runner.logits_for([SeqChunk("a", tokens[29:], 29, table, True)])[0], expected[29])
+    close(logits_for(runner, [SeqChunk("a", tokens[29:], 29, table, True)])[0], expected[29])

@@ -16,11 +16,11 @@ from tests.worker.helpers import (
     random_tokens,
     wire_step,
 )
-from worker import model_runner
-from worker.batch import BatchLimits, SeqChunk, check_chunk
 from worker.executor import Executor
-from worker.sampler import PromptLogprobs
-from worker.sampling_params import SamplingParams
+from worker.runner import model_runner
+from worker.runner.batch import BatchLimits, SeqChunk, check_chunk
+from worker.sample.sampler import PromptLogprobs
+from worker.sample.sampling_params import SamplingParams
 
 PROMPT = random_tokens(37, 256, seed=60)
 TOP = 3

@@ -3,9 +3,9 @@ read, and which declared writes it records once a plan ran (no runner, no wire).
 
 from __future__ import annotations
 
-from worker.plan import ContinueSeq, EmbedParams, NewSeq, Plan
+from worker.link.step import ContinueSeq, EmbedParams, NewSeq, StepPlan
 from worker.provenance import PlanWrites, Provenance
-from worker.sampling_params import GREEDY
+from worker.sample.sampling_params import GREEDY
 
 
 def new(rid: str, claimed=(), written=(), embed: EmbedParams | None = None) -> NewSeq:  # noqa: ANN001
@@ -19,7 +19,7 @@ def cont(rid: str, written=()) -> ContinueSeq:  # noqa: ANN001
 def test_a_claim_is_read_only_when_the_recorded_hash_is_the_declared_one():
     prov = Provenance()
     prov.record([(3, b"x")])
-    step = PlanWrites.of(Plan(), voided=set())
+    step = PlanWrites.of(StepPlan(), voided=set())
     assert prov.verify("a", [(3, b"x")], step) == []
     assert prov.verify("b", [(3, b"y"), (4, b"z")], step) == [3, 4], "other content; never written"
     assert step.reads_from == {}
@@ -32,11 +32,11 @@ def test_forgotten_and_cleared_blocks_are_vouched_for_no_more():
     assert prov.recorded() == {1: b"a", 3: b"c"}
     prov.clear()
     assert prov.recorded() == {}
-    assert prov.verify("r", [(1, b"a")], PlanWrites.of(Plan(), set())) == [1]
+    assert prov.verify("r", [(1, b"a")], PlanWrites.of(StepPlan(), set())) == [1]
 
 
 def test_a_block_written_in_the_same_plan_may_be_claimed_with_its_hash_only():
-    plan = Plan(new=[new("w", written=[(5, b"h")])])
+    plan = StepPlan(new=[new("w", written=[(5, b"h")])])
     step = PlanWrites.of(plan, voided=set())
     prov = Provenance()
     assert prov.verify("reader", [(5, b"h")], step) == []
@@ -48,7 +48,7 @@ def test_a_block_written_in_the_same_plan_may_be_claimed_with_its_hash_only():
 
 
 def test_void_continuations_and_embedding_requests_declare_no_pending_write():
-    plan = Plan(
+    plan = StepPlan(
         new=[new("e", written=[(1, b"e")], embed=EmbedParams(True, 0))],
         cont=[cont("gone", written=[(2, b"g")]), cont("live", written=[(3, b"l")])],
     )
@@ -56,7 +56,7 @@ def test_void_continuations_and_embedding_requests_declare_no_pending_write():
 
 
 def test_readers_of_a_failed_writer_are_refused_in_turn():
-    plan = Plan(
+    plan = StepPlan(
         new=[
             new("bad", written=[(1, b"a")]),
             new("r1", claimed=[(1, b"a")], written=[(2, b"b")]),
@@ -75,7 +75,7 @@ def test_readers_of_a_failed_writer_are_refused_in_turn():
 
 
 def test_only_what_ran_and_wrote_kv_is_settled_as_written():
-    plan = Plan(
+    plan = StepPlan(
         new=[
             new("ok", written=[(1, b"o")]),
             new("failed", written=[(2, b"f")]),

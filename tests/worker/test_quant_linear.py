@@ -63,7 +63,8 @@ def test_dequantize_is_gguf_bit_for_bit(module) -> None:  # noqa: ANN001
 
 
 def test_the_default_path_is_the_best_this_cpu_runs(module, monkeypatch) -> None:  # noqa: ANN001
-    available = kernels.available_isas()
+    # the paths this CPU runs, best last
+    available = [name for name, code in kernels.ISAS.items() if code and module.cpu_has(code)]
     assert available[0] == "scalar" and module.best_isa() == kernels.ISAS[available[-1]]
     blocks, w = quantized(64, 64, TYPES[0])
     monkeypatch.setenv(kernels.ISA_ENV, "scalar")

@@ -21,11 +21,11 @@ from tests.worker.helpers import (
     hf_greedy,
     hf_logits,
     hf_model,
+    logits_for,
     make_runner,
     random_tokens,
     save_hf_model,
 )
-from worker.batch import SeqChunk
 from worker.config import ModelConfig, RopeConfig, UnsupportedModelError
 from worker.layers.rotary import (
     RotaryEmbedding,
@@ -33,6 +33,7 @@ from worker.layers.rotary import (
     longrope_inv_freq,
     max_exact_positions,
 )
+from worker.runner.batch import SeqChunk
 
 HEAD_DIM = 16  # SMALL: hidden 64 over 4 heads
 DYNAMIC = dict(max_position_embeddings=64, rope_scaling={"rope_type": "dynamic", "factor": 4.0})
@@ -148,13 +149,15 @@ def test_longrope_over_the_paged_cache(checkpoints) -> None:
     table = [3, 7, 1, 5]
     start = 0
     for size in (13, 19, 32):
-        got = runner.logits_for(
-            [SeqChunk("a", tokens[start : start + size], start, table, True)], all_tokens=True
+        got = logits_for(
+            runner,
+            [SeqChunk("a", tokens[start : start + size], start, table, True)],
+            all_tokens=True,
         )
         torch.testing.assert_close(got, expected[start : start + size], atol=ATOL, rtol=0)
         start += size
     other = tokens[:32] + random_tokens(20, 256, seed=10)
-    got = runner.logits_for([SeqChunk("b", other[32:], 32, [3, 7, 9, 11], True)], all_tokens=True)
+    got = logits_for(runner, [SeqChunk("b", other[32:], 32, [3, 7, 9, 11], True)], all_tokens=True)
     torch.testing.assert_close(got, hf_logits(hf, other)[32:], atol=ATOL, rtol=0)
     prompt = random_tokens(9, 256, seed=11)
     assert greedy(runner, prompt, 55) == hf_greedy(hf, prompt, 55)

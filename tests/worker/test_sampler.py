@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from worker.batch import SeqChunk
-from worker.penalties import apply_penalties
-from worker.sampler import Sampler, filter_logits, position_generator
-from worker.sampling_params import SamplingParams
+from worker.runner.batch import SeqChunk
+from worker.sample.penalties import apply_penalties
+from worker.sample.sampler import Sampler, filter_logits, position_generator
+from worker.sample.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0])
 

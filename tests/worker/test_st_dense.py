@@ -13,9 +13,9 @@ from torch import nn
 
 from kvledger.models import embedding_model_path
 from worker.config import UnsupportedModelError
-from worker.embedding_runner import EmbeddingRunner
-from worker.pooling import DenseConfig, EmbedItem, PoolingConfig
-from worker.runners import load_runner
+from worker.runner.base import load_runner
+from worker.runner.embedding_runner import EmbeddingRunner
+from worker.runner.pooling import DenseConfig, EmbedItem, PoolingConfig
 
 SENTENCES = ["Hello world", "x", "A longer sentence about blocks, hashes and the ledger."]
 TOKENIZER_FILES = (

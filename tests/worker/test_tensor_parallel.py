@@ -29,9 +29,9 @@ from tests.worker.tp_ranks import (
     sampling_plans,
     summary,
 )
-from worker.distributed import VocabShard, split_heads
 from worker.executor import Executor
-from worker.tp_spawn import check_group
+from worker.parallel.distributed import VocabShard, split_heads
+from worker.parallel.tp_spawn import check_group
 
 STEPS = 12
 RESULT_TIMEOUT = 90

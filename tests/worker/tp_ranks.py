@@ -17,13 +17,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from worker import distributed, tp_group
-from worker.distributed import GroupLost, join_group
 from worker.executor import Executor
-from worker.model_runner import ModelRunner
-from worker.plan import ContinueSeq, EmbedParams, NewSeq, Plan, StepOutput
-from worker.sampling_params import GREEDY, SamplingParams
-from worker.tp_group import GroupExecutor, Message, follow
+from worker.link.step import ContinueSeq, EmbedParams, NewSeq, StepOutput, StepPlan
+from worker.parallel import distributed, tp_group
+from worker.parallel.distributed import GroupLost, join_group
+from worker.parallel.tp_group import GroupExecutor, Message, follow
+from worker.runner.model_runner import ModelRunner
+from worker.sample.sampling_params import GREEDY, SamplingParams
 
 BLOCK_SIZE = 8
 
@@ -32,33 +32,33 @@ BLOCK_SIZE = 8
 class Job:
     name: str
     path: Path
-    plans: list[Plan]
+    plans: list[StepPlan]
     follower_dies_after: int | None = None  # steps; then ranks > 0 exit abruptly
     idle_seconds: float = 0.0  # rank 0 waits this long after the first plan (heartbeat test)
 
 
-def greedy_plans(prompt: list[int], steps: int) -> list[Plan]:
+def greedy_plans(prompt: list[int], steps: int) -> list[StepPlan]:
     """A prefill, then one decode step at a time, as the scheduler plans them."""
     blocks = list(range(-(-(len(prompt) + steps) // BLOCK_SIZE)))
     plans = [
-        Plan(1, new=[NewSeq("g", prompt, blocks, 0, len(prompt), len(prompt), GREEDY, [], [])])
+        StepPlan(1, new=[NewSeq("g", prompt, blocks, 0, len(prompt), len(prompt), GREEDY, [], [])])
     ]
     for i in range(1, steps):
-        plans.append(Plan(i + 1, cont=[ContinueSeq("g", [], len(prompt) + i - 1, 1, [])]))
+        plans.append(StepPlan(i + 1, cont=[ContinueSeq("g", [], len(prompt) + i - 1, 1, [])]))
     return plans
 
 
-def provenance_plans(prompt: list[int]) -> list[Plan]:
+def provenance_plans(prompt: list[int]) -> list[StepPlan]:
     """Request a writes blocks 0 and 1; b claims block 1 with another hash (refused on every
     rank, no forward pass for it); c claims block 0 with the right hash and reads it."""
     h0, h1 = b"h0" * 16, b"h1" * 16
     a = NewSeq("a", prompt[:16], [0, 1, 2], 0, 16, 16, GREEDY, [], [(0, h0), (1, h1)])
     b = NewSeq("b", prompt[:17], [0, 1, 3], 16, 1, 17, GREEDY, [(0, h0), (1, b"x" * 32)], [])
     c = NewSeq("c", prompt[:9], [0, 4], 8, 1, 9, GREEDY, [(0, h0)], [])
-    return [Plan(1, new=[a]), Plan(2, new=[b], dropped=["a"]), Plan(3, new=[c])]
+    return [StepPlan(1, new=[a]), StepPlan(2, new=[b], dropped=["a"]), StepPlan(3, new=[c])]
 
 
-def sampling_plans(prompt: list[int], steps: int) -> list[Plan]:
+def sampling_plans(prompt: list[int], steps: int) -> list[StepPlan]:
     """Three requests in one batch: seeded top-k with logprobs and prompt logprobs, unseeded
     top-p, and a prompt prefilled in two chunks, then decoded together."""
     seeded = SamplingParams(temperature=0.8, top_k=20, seed=7, logprobs=2, prompt_logprobs=1)
@@ -70,11 +70,11 @@ def sampling_plans(prompt: list[int], steps: int) -> list[Plan]:
         NewSeq("s3", prompt[1:] + prompt[:1], [6, 7, 8], 0, 6, n, GREEDY, [], []),
     ]
     embed = NewSeq("e", prompt, [9, 10], 0, n, n, GREEDY, [], [], EmbedParams(True, 0))
-    plans = [Plan(1, new=[*first, embed])]  # a decoder's embedding pass in the same step
+    plans = [StepPlan(1, new=[*first, embed])]  # a decoder's embedding pass in the same step
     for k in range(2, steps + 2):
         s3_done = n if k > 2 else 6
         plans.append(
-            Plan(
+            StepPlan(
                 k,
                 cont=[
                     ContinueSeq("s1", [], n + k - 2, 1, []),
@@ -107,7 +107,7 @@ class Recording(Executor):
         self.outputs: list[dict[str, Any]] = []
         self.dies_after = dies_after
 
-    def step(self, plan: Plan) -> StepOutput:
+    def step(self, plan: StepPlan) -> StepOutput:
         out = super().step(plan)
         self.outputs.append(summary(out))
         if self.dies_after is not None and len(self.outputs) >= self.dies_after:

@@ -18,7 +18,7 @@ import torch
 
 @dataclass
 class AttentionMetadata:
-    """Built once per step (by `worker.batch`), shared by every layer."""
+    """Built once per step (by `worker.runner.batch`), shared by every layer."""
 
     slot_mapping: torch.Tensor  # [T] long: flat cache slot (block * block_size + offset) per token
     query_start_loc: torch.Tensor  # [S+1] int32: cumulative query lengths (cu_seqlens_q)

@@ -1,7 +1,8 @@
 // Paged decode attention on CPU: one query token per sequence attends over its context, read in
 // place from the paged KV cache through its block table (no gather copy).
 //
-// Layout (worker/kv_cache.py): k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim].
+// Layout (worker/runner/kv_cache.py): k_cache, v_cache
+// [num_blocks, block_size, num_kv_heads, head_dim].
 // Work is split over (sequence, KV head); each task keeps the G = H / Hkv query heads that share
 // that KV head together, so every key and value row is read once for all of them. Softmax is
 // computed online a block at a time (one rescale per block, not per key) in float32, whatever

@@ -1,4 +1,4 @@
-"""A GGUF file's tensors for `worker/loader.py`: dequantized to float32 one at a time, each
+"""A GGUF file's tensors for `worker/models/loader.py`: dequantized to float32 one at a time, each
 tensor's file pages released once read, so the load peaks at the model plus one tensor."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from worker.gguf.checkpoint import GGUFCheckpoint, open_checkpoint
 from worker.gguf.tensors import GGUFTensor
-from worker.loader import StoredTensor
+from worker.models.loader import StoredTensor
 
 
 def gguf_tensors(path: Path) -> list[StoredTensor]:

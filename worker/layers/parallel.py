@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from worker.config import ModelConfig
-from worker.distributed import TPGroup, VocabShard, split_heads
 from worker.layers.embedding import Embedding, LMHead
 from worker.layers.linear import Linear, PackedLinear
+from worker.parallel.distributed import TPGroup, VocabShard, split_heads
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from torch import nn
 
 from worker.attention.base import AttentionBackend
 from worker.config import EncoderConfig, ModelConfig
-from worker.distributed import TPGroup
 from worker.models.bert import BertModel
 from worker.models.llama import LlamaForCausalLM
+from worker.parallel.distributed import TPGroup
 
 # Mistral and Qwen2 are Llama with a sliding window or a q/k/v bias, both read from the config.
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {

@@ -23,12 +23,12 @@ from torch import nn
 from worker.attention.base import AttentionBackend
 from worker.attention.dense import DensePlan, dense_attention
 from worker.config import ModelConfig
-from worker.distributed import TPGroup
 from worker.layers.activation import silu_and_mul
 from worker.layers.native_ops import UsesNative
 from worker.layers.norm import RMSNorm
 from worker.layers.parallel import attention_layers, mlp_layers, vocab_layers
 from worker.layers.rotary import RotaryEmbedding, apply_rotary
+from worker.parallel.distributed import TPGroup
 
 
 class LlamaAttention(nn.Module, UsesNative):

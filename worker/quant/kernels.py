@@ -79,12 +79,6 @@ def isa_from_env() -> int:
     return ISAS[name]
 
 
-def available_isas() -> list[str]:
-    """The paths this CPU runs, best last."""
-    module = require()
-    return [name for name, code in ISAS.items() if code and module.cpu_has(code)]
-
-
 def _register_fakes() -> None:
     """Shapes without computing, for torch.compile and meta tensors."""
 

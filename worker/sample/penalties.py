@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from worker.batch import SeqChunk
+from worker.runner.batch import SeqChunk
 
 
 def apply_penalties(logits: torch.Tensor, chunks: list[SeqChunk]) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Next-token sampling for a batch of requests, each with its own parameters, in tensor ops.
 
 Order, as in vLLM: raw logprobs (if asked) -> penalties -> grammar masks (structured
-outputs, worker/constraints.py) -> greedy argmax, or temperature -> min-p -> top-k -> top-p
+outputs, worker/sample/constraints.py) -> greedy argmax, or temperature -> min-p -> top-k -> top-p
 -> draw. Logprobs are the model's raw log-softmax, before penalties, masks, temperature and
 filtering (vLLM's default `raw_logprobs` mode), so they describe the model, not the sampling
 settings. A row whose logits hold NaN or inf fails alone.
@@ -15,9 +15,9 @@ from types import ModuleType
 
 import torch
 
-from worker.batch import SeqChunk
-from worker.constraints import Masks, apply_masks
-from worker.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
+from worker.runner.batch import SeqChunk
+from worker.sample.constraints import Masks, apply_masks
+from worker.sample.penalties import apply_logit_bias, apply_min_tokens, apply_penalties
 
 
 @dataclass

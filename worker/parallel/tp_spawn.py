@@ -4,7 +4,7 @@ spawns ranks 1..N-1, and the group lives and dies as one.
 - Rank 0 opens a TCPStore on a loopback port the kernel picks (no probe-then-bind race) and
   spawns each rank with `multiprocessing`'s spawn start method (a fresh interpreter: no forked
   torch or gRPC threads), handing it the worker's settings, its rank and the port; all join
-  one process group (`worker/distributed.py`) whose collectives time out.
+  one process group (`worker/parallel/distributed.py`) whose collectives time out.
 - A rank dies with rank 0: PR_SET_PDEATHSIG (SIGKILL), as `kvledger serve` does for its
   children, and the spawned processes are daemons, terminated at rank 0's normal exit.
 - Rank 0 dies with any rank: a thread waits on the ranks' sentinels; a rank that exits before
@@ -34,7 +34,8 @@ from typing import Any
 from kvledger.config.worker import WorkerSettings
 from kvledger.log import setup_logging
 from worker.config import ModelConfig, is_encoder
-from worker.distributed import (
+from worker.executor import Executor
+from worker.parallel.distributed import (
     GroupLost,
     TPGroup,
     check_tensor_parallel,
@@ -43,10 +44,9 @@ from worker.distributed import (
     rank_device,
     start_group,
 )
-from worker.executor import Executor
-from worker.model_runner import ModelRunner
-from worker.runners import Runner
-from worker.tp_group import GroupExecutor, Message, follow
+from worker.parallel.tp_group import GroupExecutor, Message, follow
+from worker.runner.base import Runner
+from worker.runner.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1

@@ -1,4 +1,4 @@
-"""Translation between the worker's dataclasses (`worker/plan.py`) and the wire messages.
+"""Translation between the worker's dataclasses (`worker/link/step.py`) and the wire messages.
 
 The one place where a proto3 default has to be read as "not set": an unset `top_p` or
 `repetition_penalty` arrives as 0, which means off (1), not "filter everything"; `seed` and
@@ -11,16 +11,16 @@ from collections.abc import Iterable
 
 from kvledger.structured import StructuredSpec
 from protos import frontend_pb2, worker_pb2
-from worker.plan import (
+from worker.link.step import (
     BlockHashPair,
     ContinueSeq,
     EmbedParams,
     NewSeq,
-    Plan,
     StepOutput,
+    StepPlan,
 )
-from worker.sampler import PromptLogprobs, Sample, TokenLogprobs
-from worker.sampling_params import SamplingParams
+from worker.sample.sampler import PromptLogprobs, Sample, TokenLogprobs
+from worker.sample.sampling_params import SamplingParams
 
 
 def sampling_from_wire(sp: frontend_pb2.SamplingParams) -> SamplingParams:
@@ -50,8 +50,8 @@ def _pairs(blocks: Iterable[worker_pb2.BlockHash]) -> list[BlockHashPair]:
     return [(b.block_id, b.hash) for b in blocks]
 
 
-def plan_from_wire(plan: worker_pb2.Plan) -> Plan:
-    return Plan(
+def plan_from_wire(plan: worker_pb2.Plan) -> StepPlan:
+    return StepPlan(
         step_id=plan.step_id,
         new=[
             NewSeq(

@@ -10,8 +10,8 @@ import torch
 
 from kvledger.rpc import MAX_LOGPROBS
 from worker.attention.base import AttentionMetadata
-from worker.constraints import Constraint
-from worker.sampling_params import GREEDY, SamplingParams
+from worker.sample.constraints import Constraint
+from worker.sample.sampling_params import GREEDY, SamplingParams
 
 
 @dataclass

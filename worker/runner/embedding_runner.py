@@ -2,7 +2,7 @@
 projections; no KV memory, no sampler.
 
 It takes only the arguments an encoder uses: nothing is cached (no KV sizing), nothing is
-sampled (no seed), and attention is dense (no paged backend). `worker.runners.load_runner`
+sampled (no seed), and attention is dense (no paged backend). `worker.runner.base.load_runner`
 takes every worker flag and passes each runner its own.
 """
 
@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 
 from worker.attention.dense import dense_plan, seq_positions
-from worker.batch import BatchLimits, SeqChunk
 from worker.config import EncoderConfig
 from worker.layers.linear import prepare_for_device
-from worker.loader import load_weights
-from worker.model_runner import default_threads, resolve_dtype
 from worker.models import build_encoder
-from worker.pooling import (
+from worker.models.loader import load_weights
+from worker.runner.batch import BatchLimits, SeqChunk
+from worker.runner.model_runner import default_threads, resolve_dtype
+from worker.runner.pooling import (
     EmbedItem,
     PoolingConfig,
     finish,
@@ -28,7 +28,7 @@ from worker.pooling import (
     load_dense_heads,
     pool,
 )
-from worker.sampler import Sample
+from worker.sample.sampler import Sample
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A request's sampling settings as the sampler reads them: one object, carried by every chunk.
 
-The wire's proto3 zeros for "not set" are resolved once, in `worker/convert.py`; here every
+The wire's proto3 zeros for "not set" are resolved once, in `worker/link/wire.py`; here every
 value means what it says (top_p 1 and repetition_penalty 1 are off, seed None is the
 worker-wide stream), so the sampler, the penalties and the chunk checks never look at a wire
 message.
@@ -34,10 +34,11 @@ class SamplingParams:
     # OpenAI's logit_bias: token id -> bias added to its logit before sampling (None = none).
     logit_bias: Mapping[int, float] | None = None
     # min_tokens: until the request has this many output tokens, `min_tokens_masked` (its stop
-    # ids, and EOS unless ignore_eos) cannot be sampled (worker/penalties.py).
+    # ids, and EOS unless ignore_eos) cannot be sampled (worker/sample/penalties.py).
     min_tokens: int = 0
     min_tokens_masked: tuple[int, ...] = ()
-    # Constrained decoding: only tokens this grammar allows are sampled (worker/constraints.py).
+    # Constrained decoding: only tokens this grammar allows are sampled
+    # (worker/sample/constraints.py).
     structured: StructuredSpec | None = None
 
     @property

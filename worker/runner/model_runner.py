@@ -16,18 +16,18 @@ from worker.attention import get_backend
 from worker.attention.base import AttentionBackend
 from worker.attention.dense import dense_plan, seq_positions
 from worker.attention.flash_attn_backend import FlashAttention
-from worker.batch import BatchLimits, SeqChunk, prepare_batch
 from worker.config import EncoderConfig, ModelConfig
-from worker.constraints import Constraint, Grammars
-from worker.cuda_graphs import DecodeGraphs
-from worker.distributed import TPGroup, check_tensor_parallel, split_heads
-from worker.kv_cache import KVCache, KVShape
 from worker.layers.linear import prepare_for_device
-from worker.loader import load_weights
 from worker.models import build_model
-from worker.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
+from worker.models.loader import load_weights
+from worker.parallel.distributed import TPGroup, check_tensor_parallel, split_heads
 from worker.quant.select import activations_for, check_quantization, keep_gguf_blocks
-from worker.sampler import NONFINITE_LOGITS, PromptLogprobs, Sample, Sampler, score_tokens
+from worker.runner.batch import BatchLimits, SeqChunk, prepare_batch
+from worker.runner.cuda_graphs import DecodeGraphs
+from worker.runner.kv_cache import KVCache, KVShape, gpu_kv_budget, num_blocks_for
+from worker.runner.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
+from worker.sample.constraints import Constraint, Grammars
+from worker.sample.sampler import NONFINITE_LOGITS, PromptLogprobs, Sample, Sampler, score_tokens
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class ModelRunner:
             self.device.type == "cuda" and num_blocks is None and kv_cache_memory_bytes is None
         )
         if not size_from_gpu:
-            self.num_blocks = _num_blocks(num_blocks, kv_cache_memory_bytes, shape)
+            self.num_blocks = num_blocks_for(num_blocks, kv_cache_memory_bytes, shape)
         self.backend = get_backend(
             attention_backend, dtype=self.dtype, block_size=block_size, device=self.device
         )
@@ -182,7 +182,7 @@ class ModelRunner:
             if c.constraint is not None
         ]
         masks = self.grammars.start(constrained) if constrained else None
-        last_rows, hidden = self._forward(chunks)
+        last_rows, hidden = self.forward(chunks)
         out: list[Sample | None] = [None] * len(chunks)
         if sampling:
             rows = torch.tensor([last_rows[i] for i in sampling], device=self.device)
@@ -200,17 +200,6 @@ class ModelRunner:
 
     def constraint(self, spec: StructuredSpec) -> Constraint:
         return self.grammars.constraint(spec)
-
-    @torch.inference_mode()
-    def logits_for(self, chunks: list[SeqChunk], all_tokens: bool = False) -> torch.Tensor:
-        """float32 logits at each chunk's last token [S, V], or at every token [T, V].
-
-        A real step: the chunks' K/V are written to the cache as in `execute`.
-        """
-        last_rows, hidden = self._forward(chunks)
-        if not all_tokens:
-            hidden = hidden[torch.tensor(last_rows, device=self.device)]
-        return self.model.compute_logits(hidden).float()
 
     @torch.inference_mode()
     def embed(self, items: list[EmbedItem]) -> list[list[float]]:
@@ -238,9 +227,9 @@ class ModelRunner:
             entries += scored
         return Sample(prompt_logprobs=PromptLogprobs(start, targets, entries))
 
-    def _forward(self, chunks: list[SeqChunk]) -> tuple[list[int], torch.Tensor]:
+    def forward(self, chunks: list[SeqChunk]) -> tuple[list[int], torch.Tensor]:
         """(each chunk's last row, the hidden states): a graph replay for a decode step that
-        fits one, else the eager forward."""
+        fits one, else the eager forward. The chunks' K/V are written to the cache."""
         if self.graphs is not None and self.graphs.fits(chunks):
             return list(range(len(chunks))), self.graphs.run(chunks, self.limits)
         batch = prepare_batch(chunks, self.limits, self.device, self.config.sliding_window)
@@ -295,35 +284,3 @@ def _max_model_len(requested: int | None, cfg: ModelConfig) -> int:
             f"{cfg.max_position_embeddings}] (the model's max_position_embeddings)"
         )
     return requested
-
-
-# Room kept for activations and the allocator's slack; not profiled (nothing here has run on a
-# GPU): a forward pass's peak grows with max_num_batched_tokens.
-GPU_ACTIVATION_HEADROOM_BYTES = 1 << 30
-
-
-def gpu_kv_budget(
-    total: int, free: int, utilization: float, headroom: int = GPU_ACTIVATION_HEADROOM_BYTES
-) -> int:
-    """Bytes for the KV cache: the utilization share of the device minus what is already used
-    (weights, other processes) and the activation headroom."""
-    if not 0 < utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
-    budget = int(total * utilization) - (total - free) - headroom
-    if budget <= 0:
-        raise ValueError(
-            f"gpu_memory_utilization {utilization} leaves no memory for the KV "
-            f"cache: {(total - free) / 2**30:.1f} GiB of {total / 2**30:.1f} GiB "
-            "are already in use"
-        )
-    return budget
-
-
-def _num_blocks(num_blocks: int | None, budget: int | None, shape: KVShape) -> int:
-    if num_blocks is not None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
-        return num_blocks
-    if budget is None:
-        raise ValueError("give num_blocks or kv_cache_memory_bytes to size the KV cache")
-    return shape.blocks_for_budget(budget)

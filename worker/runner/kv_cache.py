@@ -1,4 +1,6 @@
-"""Paged KV memory: per layer K and V of [num_blocks, block_size, num_kv_heads, head_dim].
+"""Paged KV memory: per layer K and V of [num_blocks, block_size, num_kv_heads, head_dim], and
+how many blocks a worker keeps (a number given, a byte budget, or on CUDA what the weights left
+of the utilization share).
 
 The scheduler owns which block holds what; the worker only owns the memory.
 """
@@ -30,6 +32,39 @@ class KVShape:
                 f"{self.bytes_per_block()} bytes"
             )
         return num_blocks
+
+
+# Room kept for activations and the allocator's slack; not profiled (nothing here has run on a
+# GPU): a forward pass's peak grows with max_num_batched_tokens.
+GPU_ACTIVATION_HEADROOM_BYTES = 1 << 30
+
+
+def gpu_kv_budget(
+    total: int, free: int, utilization: float, headroom: int = GPU_ACTIVATION_HEADROOM_BYTES
+) -> int:
+    """Bytes for the KV cache: the utilization share of the device minus what is already used
+    (weights, other processes) and the activation headroom."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
+    budget = int(total * utilization) - (total - free) - headroom
+    if budget <= 0:
+        raise ValueError(
+            f"gpu_memory_utilization {utilization} leaves no memory for the KV "
+            f"cache: {(total - free) / 2**30:.1f} GiB of {total / 2**30:.1f} GiB "
+            "are already in use"
+        )
+    return budget
+
+
+def num_blocks_for(num_blocks: int | None, budget: int | None, shape: KVShape) -> int:
+    """The pool's size: the number given, else what the byte budget holds."""
+    if num_blocks is not None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        return num_blocks
+    if budget is None:
+        raise ValueError("give num_blocks or kv_cache_memory_bytes to size the KV cache")
+    return shape.blocks_for_budget(budget)
 
 
 @dataclass

@@ -13,8 +13,8 @@ import grpc
 from kvledger.rpc import CHANNEL_OPTIONS
 from kvledger.tls import TlsFiles, channel_credentials, channel_with
 from protos import worker_pb2, worker_pb2_grpc
-from worker.convert import plan_from_wire, result_to_wire
 from worker.executor import Executor
+from worker.link.wire import plan_from_wire, result_to_wire
 from worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from worker.attention.flash_attn_backend import FlashPlan
-from worker.batch import BatchLimits, SeqChunk, checked_table
+from worker.runner.batch import BatchLimits, SeqChunk, checked_table
 
 log = logging.getLogger(__name__)
 

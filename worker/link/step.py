@@ -1,14 +1,14 @@
 """What the scheduler hands the worker in one step, and what the worker hands back, as plain
 dataclasses: the executor and the provenance check work on these, never on wire messages.
-`worker/convert.py` is the one place that translates (as `scheduler_svc/wire.py` is for the
+`worker/link/wire.py` is the one place that translates (as `scheduler_svc/wire.py` is for the
 scheduler's core)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from worker.sampler import PromptLogprobs, Sample
-from worker.sampling_params import SamplingParams
+from worker.sample.sampler import PromptLogprobs, Sample
+from worker.sample.sampling_params import SamplingParams
 
 BlockHashPair = tuple[int, bytes]  # (block_id, content hash) as the scheduler declared it
 
@@ -47,7 +47,10 @@ class ContinueSeq:
 
 
 @dataclass(slots=True)
-class Plan:
+class StepPlan:
+    """One step the scheduler asks of this worker: requests placed anew, requests it holds
+    continued, requests dropped (the wire's `Plan` message, `worker/link/wire.py`)."""
+
     step_id: int = 0
     new: list[NewSeq] = field(default_factory=list)
     cont: list[ContinueSeq] = field(default_factory=list)

@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Protocol
 
 from kvledger.structured import StructuredSpec
-from worker.batch import BatchLimits, SeqChunk
 from worker.config import is_encoder
-from worker.constraints import Constraint
-from worker.distributed import TPGroup
-from worker.embedding_runner import EmbeddingRunner
-from worker.model_runner import ModelRunner
-from worker.pooling import EmbedItem
-from worker.sampler import Sample
+from worker.parallel.distributed import TPGroup
+from worker.runner.batch import BatchLimits, SeqChunk
+from worker.runner.embedding_runner import EmbeddingRunner
+from worker.runner.model_runner import ModelRunner
+from worker.runner.pooling import EmbedItem
+from worker.sample.constraints import Constraint
+from worker.sample.sampler import Sample
 
 
 class Runner(Protocol):

@@ -3,9 +3,9 @@ forward pass needs, and how a model's heads and vocabulary divide among the rank
 
 Collectives run on `torch.distributed` (gloo on CPU, NCCL on CUDA), never on a home-made
 transport. Two process groups over the same ranks keep two conversations apart: `control`
-carries rank 0's messages (plans, resets, heartbeats: `worker/tp_group.py`) and `compute` the
-forward pass's all-reduces and all-gathers, so a heartbeat sent while a step computes can
-never be taken for one of the step's collectives.
+carries rank 0's messages (plans, resets, heartbeats: `worker/parallel/tp_group.py`) and
+`compute` the forward pass's all-reduces and all-gathers, so a heartbeat sent while a step
+computes can never be taken for one of the step's collectives.
 
 A failed collective (a dead peer, a timeout) raises `GroupLost`, a BaseException: the
 executor turns an Exception into a failed step and keeps serving, which would leave this rank

@@ -1,7 +1,7 @@
 """How a tensor-parallel group runs plans: every rank runs the same executor on the same plan.
 
-Rank 0 owns the link to the scheduler. Each plan it pulls is decoded there (`worker/convert.py`)
-into the plain dataclasses of `worker/plan.py` and broadcast, pickled, to the other ranks
+Rank 0 owns the link to the scheduler. Each plan it pulls is decoded there (`worker/link/wire.py`)
+into the plain dataclasses of `worker/link/step.py` and broadcast, pickled, to the other ranks
 (`torch.distributed.broadcast_object_list` on the group's control channel); then every rank
 runs `Executor.step` on it. Why every rank runs the whole executor rather than rank 0 alone
 with the others following a chunk list: the executor's outcome is a pure function of the plan,
@@ -23,10 +23,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from worker.distributed import HEARTBEAT_SECONDS, GroupLost, TPGroup
 from worker.executor import Executor
-from worker.plan import Plan, StepOutput
-from worker.runners import Runner
+from worker.link.step import StepOutput, StepPlan
+from worker.parallel.distributed import HEARTBEAT_SECONDS, GroupLost, TPGroup
+from worker.runner.base import Runner
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +37,12 @@ class Message:
     empty cache, as `Executor.reset`), "idle" (a heartbeat) or "stop"."""
 
     kind: str
-    plan: Plan | None = None
+    plan: StepPlan | None = None
 
 
 class GroupExecutor(Executor):
     """Rank 0's executor: each step and reset is first sent to the other ranks, then run here.
-    The link (`worker/link.py`) uses it as it uses a single-process executor."""
+    The link (`worker/link/client.py`) uses it as it uses a single-process executor."""
 
     def __init__(self, runner: Runner, tp: TPGroup) -> None:
         super().__init__(runner)
@@ -56,7 +56,7 @@ class GroupExecutor(Executor):
             self.tp.broadcast(message)
             self._last_sent = time.monotonic()
 
-    def step(self, plan: Plan) -> StepOutput:
+    def step(self, plan: StepPlan) -> StepOutput:
         self.send(Message("plan", plan))
         return super().step(plan)
 
