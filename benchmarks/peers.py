@@ -11,7 +11,9 @@ prompts in the file's chat template, 128 greedy output tokens, `ignore_eos`).
 
 - kvledger: `kvledger serve` (real processes, prefix caching on, invariant checks off; for
   smollm2 its default settings, the file's Q4_1/Q8_0 weights kept quantized), driven over HTTP
-  at concurrency 16 and 1 by benchmarks/load.py;
+  at concurrency 16 and 1 by benchmarks/load.py; each `--kvledger-args ARGS` adds one more
+  kvledger row served with those flags too (`--kvledger-args=--quantization=gguf-int8`: the
+  int8-activation kernels beside the exact ones, in the same run);
 - llama.cpp's `llama-server` (`-np 16 -t THREADS --cont-batching`), driven the same way: on the
   random sizes the same weights written as an F32 GGUF by benchmarks/gguf_export.py; on smollm2
   the file as its users run it (Q4_1) and, like for like with float engines, requantized to F32
@@ -99,7 +101,12 @@ def process_name(pid: int) -> str:
 
 
 def run_kvledger(
-    model: Path, size: str, runs: list[tuple[int, Workload]], threads: int, serve_args: str = ""
+    model: Path,
+    size: str,
+    runs: list[tuple[int, Workload]],
+    threads: int,
+    serve_args: str = "",
+    engine: str = "kvledger",
 ) -> dict:
     name = SMOLLM2 if size == REAL else "tiny-llama"
     extra = ["--model", SMOLLM2] if size == REAL else []
@@ -113,7 +120,7 @@ def run_kvledger(
             served = start_serve(Path(tmp), *extra, debug_invariants=False)
             try:
                 out = {
-                    c: asyncio.run(drive(served.url, name, wl, c, engine=f"kvledger c={c}"))
+                    c: asyncio.run(drive(served.url, name, wl, c, engine=f"{engine} c={c}"))
                     for c, wl in runs
                 }
                 memory = {process_name(p): peak_rss_mib(p) for p in descendants(served.process.pid)}
@@ -184,6 +191,13 @@ def main() -> None:
     ap.add_argument(
         "--serve-args", default="", help="more flags for `kvledger serve` (its defaults without)"
     )
+    ap.add_argument(
+        "--kvledger-args",
+        action="append",
+        default=[],
+        help="one more kvledger row, served with these flags as well as --serve-args "
+        "(repeatable), e.g. --kvledger-args=--quantization=gguf-int8",
+    )
     ap.add_argument("--device", default="cpu", help="kvledger's and transformers' (cuda)")
     ap.add_argument(
         "--dtype",
@@ -206,7 +220,11 @@ def main() -> None:
         dtype = args.dtype or (None if args.size == REAL else "float32")
         if dtype and "--dtype" not in args.serve_args:
             serve_args += f" --dtype {dtype}"
-        report["kvledger"] = run_kvledger(model, args.size, runs, args.threads, serve_args)
+        for extra in ["", *args.kvledger_args]:
+            name = f"kvledger {extra}".strip()
+            report[name] = run_kvledger(
+                model, args.size, runs, args.threads, f"{serve_args} {extra}", name
+            )
     if "llama.cpp" in engines:
         if args.llama_server and Path(args.llama_server).exists():
             for name, gguf in llama_cpp_files(model, args):

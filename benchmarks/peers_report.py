@@ -1,6 +1,6 @@
 """The peers benchmark's printout (benchmarks/peers.py): the CPU it ran on, one row per engine
 (output tokens/s and TTFT p50 at concurrency 16 and 1, peak RSS of each of its processes), the
-ratios of kvledger to each peer, latency percentiles, and whether llama.cpp's greedy tokens
+ratios of each kvledger row to each peer, latency percentiles, and whether llama.cpp's greedy tokens
 equal transformers' (the same weights give the same first tokens; a quantized file may not).
 """
 
@@ -51,13 +51,14 @@ def print_table(report: dict, args: argparse.Namespace, model: Path) -> None:
         cells = [f"{x:.0f}" if (x := tok_s(engine, c)) else "-" for c in (16, 1)]
         cells += [ttft(engine, c) for c in (16, 1)]
         print(f"| {engine} | " + " | ".join(cells) + f" | {mem} |")
-    if "kvledger" in report:
-        for peer in (p for p in report if p != "kvledger"):
+    ours = [e for e in report if e.startswith("kvledger")]  # one row per kvledger setting
+    for row in ours:
+        for peer in (p for p in report if p not in ours):
             ratios = []
             for c in (16, 1):
-                a, b = tok_s("kvledger", c), tok_s(peer, c)
+                a, b = tok_s(row, c), tok_s(peer, c)
                 ratios.append(f"c={c} {a / b:.2f}x" if a and b else f"c={c} -")
-            print(f"kvledger / {peer}: " + ", ".join(ratios))
+            print(f"{row} / {peer}: " + ", ".join(ratios))
     for engine in report:
         for c, s in report[engine].get("summaries", {}).items():
             print(

@@ -104,3 +104,31 @@ def test_the_json_schema_comparison_cannot_end_before_max_tokens():
     assert schema["minItems"] == 64 and body["ignore_eos"] is False
     wl = Workload(extra_body=json_schema_body(64))
     assert json.loads(wl.extra_body) == body
+
+
+def test_peers_report_gives_every_kvledger_row_its_ratios(capsys):
+    import argparse
+    from pathlib import Path
+
+    from benchmarks.load import Summary
+    from benchmarks.peers_report import print_table
+
+    def run(tok_s: float) -> dict:
+        ms = {"p50": 1.0, "p90": 2.0, "p99": 3.0}
+        summaries = {
+            c: Summary(f"e c={c}", c, None, 1.0, 1, 1, tok_s * c, 1.0, ms, ms, ms, None)
+            for c in (16, 1)
+        }
+        return {"summaries": summaries, "memory_mib": {"p": 100.0}}
+
+    report = {
+        "kvledger": run(200.0),
+        "kvledger --quantization=gguf-int8": run(300.0),
+        "llama.cpp Q4_1": run(100.0),
+    }
+    args = argparse.Namespace(threads=2, device="cpu", dtype=None)
+    print_table(report, args, Path("m.gguf"))
+    out = capsys.readouterr().out
+    assert "kvledger / llama.cpp Q4_1: c=16 2.00x, c=1 2.00x" in out
+    assert "kvledger --quantization=gguf-int8 / llama.cpp Q4_1: c=16 3.00x, c=1 3.00x" in out
+    assert "kvledger / kvledger --quantization" not in out  # rows of ours are not peers

@@ -18,6 +18,8 @@ The interface, for the loader and for anything that keeps weights quantized in m
   Dequantization is a separate step, so a caller may keep `blocks()` as they are.
 - `GGUFCheckpoint.release(tensor)`: drops the tensor's file pages from the process's resident
   memory once it is copied, so loading peaks at the loaded model plus one tensor.
+- Each checkpoint maps the file itself; only the parsed header is cached between calls, so
+  the mapping ends when the checkpoint and its tensors are dropped (after loading).
 
 Refusals raise `GGUFError` (a ValueError) with one line naming the cause: an architecture or
 tensor type this worker does not run, a truncated or malformed file.
