@@ -88,8 +88,8 @@ def main() -> None:
     stage("import torch")
     from kvledger.config.worker import CPU_KV_CACHE_BYTES
     from kvledger.models import ensure_tiny_llama, smollm2_path
-    from worker.batch import SeqChunk
-    from worker.model_runner import ModelRunner
+    from worker.runner.batch import SeqChunk
+    from worker.runner.model_runner import ModelRunner
 
     stage("import worker")
     path = {"smollm2": smollm2_path, "tiny-llama": ensure_tiny_llama}.get(args.model)
