@@ -10,9 +10,9 @@ with the model's EOS ids: a grammar that is complete allows exactly those.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import llguidance
 from tokenizers import Tokenizer
@@ -20,10 +20,18 @@ from tokenizers import Tokenizer
 from kvledger.gguf_file import is_gguf
 from kvledger.structured import StructuredError
 
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
-def load_tokenizer(source: str | Path) -> Tokenizer:
-    """The tokenizer of a model directory (its tokenizer.json) or of a GGUF file."""
-    if is_gguf(source):
+
+def load_tokenizer(source: str | Path, gguf: GGUFReader | None = None) -> Tokenizer:
+    """The tokenizer of a model directory (its tokenizer.json) or of a GGUF file (`gguf`: that
+    file already parsed, when the caller has it)."""
+    if gguf is not None:
+        from kvledger.gguf_tokenizer import gguf_tokenizer_of
+
+        tokenizer = gguf_tokenizer_of(gguf, source).tokenizer
+    elif is_gguf(source):
         from kvledger.gguf_tokenizer import load_gguf_tokenizer
 
         tokenizer = load_gguf_tokenizer(source).tokenizer
@@ -51,23 +59,14 @@ def grammar_tokenizer(
         ) from None
 
 
-def grammar_tokenizer_at(
-    source: str, vocab_size: int, eos_token_ids: tuple[int, ...]
-) -> llguidance.LLTokenizer:
-    """`grammar_tokenizer` of the tokenizer at `source`, built once per process (a refusal
-    too: it is the same for every request)."""
-    built = _built(source, vocab_size, eos_token_ids)
-    if isinstance(built, StructuredError):
-        raise built
-    return built
-
-
-@functools.lru_cache(maxsize=8)
-def _built(
-    source: str, vocab_size: int, eos_token_ids: tuple[int, ...]
+def build_grammar_tokenizer(
+    source: str, vocab_size: int, eos_token_ids: Sequence[int], gguf: GGUFReader | None = None
 ) -> llguidance.LLTokenizer | StructuredError:
+    """`grammar_tokenizer` of the tokenizer at `source`, or the refusal every request on it
+    would get (the caller keeps either: both are the same for every request). `gguf`: the
+    file at `source` already parsed, when the caller has it (a worker, from its weights)."""
     try:
-        tokenizer = load_tokenizer(source)
+        tokenizer = load_tokenizer(source, gguf)
     except Exception as err:  # OSError, GGUFError, or the tokenizers library's own Exception
         return StructuredError(f"the model's tokenizer cannot be loaded: {err}")
     try:

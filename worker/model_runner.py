@@ -6,10 +6,12 @@ import logging
 import os
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvledger.config.worker import DTYPES as DTYPE_NAMES
+from kvledger.gguf_file import is_gguf
 from kvledger.structured import StructuredSpec
 from worker import native
 from worker.attention import get_backend
@@ -28,6 +30,9 @@ from worker.models import build_model
 from worker.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
 from worker.quant.select import activations_for, check_quantization, keep_gguf_blocks
 from worker.sampler import NONFINITE_LOGITS, PromptLogprobs, Sample, Sampler, score_tokens
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +138,9 @@ class ModelRunner:
         self.sampler = Sampler(seed, ops)
         # structured outputs: grammars over the model's tokenizer (--tokenizer's, if given)
         source = Path(tokenizer).expanduser().resolve() if tokenizer else Path(model_path)
-        self.grammars = Grammars(str(source), self.vocab_size, self.eos_token_ids)
+        self.grammars = Grammars(
+            str(source), self.vocab_size, self.eos_token_ids, gguf=_parsed_gguf(source)
+        )
         self.graphs: DecodeGraphs | None = None
         if graphs:
             self.graphs = DecodeGraphs(
@@ -154,6 +161,7 @@ class ModelRunner:
             block_size,
             graphs or "off",
         )
+        self.grammars.prepare()  # at start, beside the scheduler link: no request builds it
         log.info(
             "model %s: %s, %d layers, %s, %d KV blocks of %d tokens (%.1f MiB)",
             model_path,
@@ -327,3 +335,14 @@ def _num_blocks(num_blocks: int | None, budget: int | None, shape: KVShape) -> i
     if budget is None:
         raise ValueError("give num_blocks or kv_cache_memory_bytes to size the KV cache")
     return shape.blocks_for_budget(budget)
+
+
+def _parsed_gguf(source: Path) -> GGUFReader | None:
+    """The GGUF file the weights were read from, as the worker parsed it (its checkpoint
+    cache keeps the last file opened), for the grammar engine's tokenizer; None for a
+    tokenizer.json directory."""
+    if not is_gguf(source):
+        return None
+    from worker.gguf import open_checkpoint
+
+    return open_checkpoint(source).reader
