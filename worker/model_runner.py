@@ -338,11 +338,12 @@ def _num_blocks(num_blocks: int | None, budget: int | None, shape: KVShape) -> i
 
 
 def _parsed_gguf(source: Path) -> GGUFReader | None:
-    """The GGUF file the weights were read from, as the worker parsed it (its checkpoint
-    cache keeps the last file opened), for the grammar engine's tokenizer; None for a
-    tokenizer.json directory."""
+    """The GGUF file the weights were read from, as the worker parsed it, for the grammar
+    engine's tokenizer, when the checkpoint cache still holds the parsed file; None for a
+    tokenizer.json directory, or when the cache keeps no reader (then the tokenizer's build
+    parses the file again, on its own thread)."""
     if not is_gguf(source):
         return None
     from worker.gguf import open_checkpoint
 
-    return open_checkpoint(source).reader
+    return getattr(open_checkpoint(source), "reader", None)

@@ -210,23 +210,15 @@ def test_the_tokenizer_is_built_at_start_not_by_the_first_request(tokenizer_dir,
     assert out[0].token_id == 98
 
 
-def test_a_gguf_worker_builds_its_grammar_tokenizer_from_the_parsed_weights_file(
-    tmp_path, monkeypatch, caplog, kv_cache_dir
-):
+def test_a_gguf_worker_reports_the_grammar_engine_ready_at_start(tmp_path, caplog, kv_cache_dir):
     """A GGUF model's worker reports the grammar engine ready right after it starts, without
-    any request, and without parsing the file a second time (seconds for a real vocabulary)."""
+    any request; a request then builds nothing."""
     from gguf import GGMLQuantizationType
 
-    import kvledger.gguf_tokenizer
     from tests.worker.gguf_files import write_llama_gguf
     from tests.worker.helpers import make_runner
 
     path = write_llama_gguf(tmp_path, GGMLQuantizationType.F32)
-
-    def no_second_parse(_path):  # noqa: ANN001, ANN202
-        raise AssertionError("the GGUF file was parsed again for its tokenizer")
-
-    monkeypatch.setattr(kvledger.gguf_tokenizer, "open_reader", no_second_parse)
     caplog.set_level("INFO", logger="worker.constraints")
     runner = make_runner(path)
     deadline = time.monotonic() + 60
@@ -237,6 +229,28 @@ def test_a_gguf_worker_builds_its_grammar_tokenizer_from_the_parsed_weights_file
     constraint = runner.constraint(StructuredSpec("regex", "[0-9]+"))
     masks = runner.grammars.compute([(0, constraint, [])])
     assert allowed(masks.bitmask, runner.vocab_size)[0].any()
+
+
+def test_a_parsed_gguf_file_gives_its_tokenizer_without_a_second_parse(
+    tmp_path, monkeypatch, kv_cache_dir
+):
+    """`gguf=`: the file as its reader already parsed it (seconds for a real vocabulary)."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    import kvledger.gguf_tokenizer
+    from kvledger.grammar_tokenizer import build_grammar_tokenizer
+    from tests.worker.gguf_files import write_llama_gguf
+
+    path = write_llama_gguf(tmp_path, GGMLQuantizationType.F32)
+    reader = GGUFReader(path)
+
+    def no_second_parse(_path):  # noqa: ANN001, ANN202
+        raise AssertionError("the GGUF file was parsed again for its tokenizer")
+
+    monkeypatch.setattr(kvledger.gguf_tokenizer, "open_reader", no_second_parse)
+    built = build_grammar_tokenizer(str(path), 300, (2,), gguf=reader)
+    assert not isinstance(built, StructuredError), built
+    assert build_grammar_tokenizer(str(path), 300, (2,)).__class__ is StructuredError
 
 
 def test_a_tokenizer_the_engine_cannot_read_is_refused_at_start_and_per_request(tmp_path):
