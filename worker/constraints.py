@@ -8,8 +8,8 @@ Rules, and why:
   outputs so far, and gets a fresh matcher that replays them; nothing is carried by the plan.
 - Grammars compile once per spec per worker (an LRU of compiled matchers, copied per request).
   The engine's tokenizer is built when the worker starts, on a thread of its own
-  (`Grammars.prepare`), from the GGUF file the weights were read from when the model is one
-  (parsing that file again took seconds): the first structured request waits only for what
+  (`Grammars.prepare`; from a GGUF model's reader when the worker still holds it, since
+  parsing the file again takes seconds): the first structured request waits only for what
   is left of the build, if anything, never for a build of its own.
 - Masks are computed for the constrained rows only, in one call over all of them (llguidance
   runs it on its own threads, without the GIL), and started before the forward pass, on a
