@@ -70,8 +70,7 @@ class GGUFTokenizer:
 @functools.lru_cache(maxsize=4)
 def load_gguf_tokenizer(path: str | Path) -> GGUFTokenizer:
     """The file's tokenizer, chat template and special tokens (parsed once per path)."""
-    meta = metadata(open_reader(path))
-    return build(meta, str(path))
+    return build(metadata(open_reader(path)), str(path))
 
 
 def build(meta: dict[str, Any], path: str) -> GGUFTokenizer:

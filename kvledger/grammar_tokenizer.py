@@ -10,9 +10,9 @@ with the model's EOS ids: a grammar that is complete allows exactly those.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import llguidance
 from tokenizers import Tokenizer
@@ -21,9 +21,14 @@ from kvledger.gguf_file import is_gguf
 from kvledger.structured import StructuredError
 
 
-def load_tokenizer(source: str | Path) -> Tokenizer:
-    """The tokenizer of a model directory (its tokenizer.json) or of a GGUF file."""
-    if is_gguf(source):
+def load_tokenizer(source: str | Path, gguf_metadata: dict[str, Any] | None = None) -> Tokenizer:
+    """The tokenizer of a model directory (its tokenizer.json) or of a GGUF file
+    (`gguf_metadata`: that file's metadata, vocabulary included, when the caller has it)."""
+    if gguf_metadata is not None:
+        from kvledger.gguf_tokenizer import build
+
+        tokenizer = build(gguf_metadata, str(source)).tokenizer
+    elif is_gguf(source):
         from kvledger.gguf_tokenizer import load_gguf_tokenizer
 
         tokenizer = load_gguf_tokenizer(source).tokenizer
@@ -51,23 +56,18 @@ def grammar_tokenizer(
         ) from None
 
 
-def grammar_tokenizer_at(
-    source: str, vocab_size: int, eos_token_ids: tuple[int, ...]
-) -> llguidance.LLTokenizer:
-    """`grammar_tokenizer` of the tokenizer at `source`, built once per process (a refusal
-    too: it is the same for every request)."""
-    built = _built(source, vocab_size, eos_token_ids)
-    if isinstance(built, StructuredError):
-        raise built
-    return built
-
-
-@functools.lru_cache(maxsize=8)
-def _built(
-    source: str, vocab_size: int, eos_token_ids: tuple[int, ...]
+def build_grammar_tokenizer(
+    source: str,
+    vocab_size: int,
+    eos_token_ids: Sequence[int],
+    gguf_metadata: dict[str, Any] | None = None,
 ) -> llguidance.LLTokenizer | StructuredError:
+    """`grammar_tokenizer` of the tokenizer at `source`, or the refusal every request on it
+    would get (the caller keeps either: both are the same for every request). `gguf_metadata`:
+    the metadata of the GGUF file at `source`, vocabulary included, when the caller parsed it
+    already (a worker, for its weights)."""
     try:
-        tokenizer = load_tokenizer(source)
+        tokenizer = load_tokenizer(source, gguf_metadata)
     except Exception as err:  # OSError, GGUFError, or the tokenizers library's own Exception
         return StructuredError(f"the model's tokenizer cannot be loaded: {err}")
     try:

@@ -1,7 +1,8 @@
 """Builds and loads the worker's compiled CPU kernels (`csrc/`) once per machine.
 
 One module holds them all (`csrc/ops.h` lists them): the paged decode attention kernel
-(`--attention-backend cpu`) and the decoder's fused elementwise steps (`--fused-cpu-ops`).
+(`--attention-backend cpu`), the decoder's fused elementwise steps (`--fused-cpu-ops`), and the
+sampler's argmax and grammar masks.
 It is compiled with the local compiler by torch's extension builder into
 `<KVLEDGER_CACHE_DIR>/torch_extensions/`, under a name that carries a digest of the sources,
 the torch version and this CPU's instruction-set flags: it is built with `-march=native`, so a
@@ -32,7 +33,7 @@ import torch
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "module.cpp", CSRC / "paged_decode.cpp", CSRC / "fused.cpp"]
+SOURCES = [CSRC / name for name in ("module.cpp", "paged_decode.cpp", "fused.cpp", "masks.cpp")]
 HEADERS = [CSRC / "ops.h"]
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | str] = {}

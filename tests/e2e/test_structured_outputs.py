@@ -8,8 +8,10 @@ that concurrent requests are preempted and recomputed, and the default bundled d
 - a choice is one of the choices, a regex matches whole, a Lark grammar's output parses;
 - streaming and non-streaming give the same text;
 - a bad schema, regex or grammar is a 400 naming it, and the server keeps serving;
-- a worker killed mid-request: its constrained requests finish on the other worker with
-  the same (seeded) output, still valid (the matcher is rebuilt from the outputs so far);
+- each worker builds the grammar engine's tokenizer when it starts, before any request;
+- a scheduler killed mid-request (serve restarts it, the frontend resumes the streams) and a
+  worker killed mid-request: the constrained requests finish with the same (seeded) output,
+  still valid (each matcher is rebuilt from the outputs so far), and nothing is left held;
 - LangChain's `with_structured_output(..., method="json_schema")` round-trips a model.
 """
 
@@ -27,7 +29,7 @@ import openai
 import pytest
 
 from kvledger.models import SMOLLM2
-from tests.e2e.helpers import cmdline
+from tests.e2e.helpers import cmdline, idle
 from tests.serving import descendants, metric_sum, scrape, start_serve
 
 # The real model on two workers sharing two cores, recomputing what the small pool preempts:
@@ -101,6 +103,15 @@ def run_all(jobs: dict[int, object]) -> dict[int, object]:
     for t in threads:
         t.join(600)
     return results
+
+
+def test_each_worker_reports_the_grammar_engine_ready_at_start(served):
+    """Before any request (this module's first test), each worker has built the engine's
+    tokenizer: no structured request pays for the build."""
+    deadline = time.monotonic() + 120
+    while served.log().count("grammar tokenizer of") < 2:
+        assert time.monotonic() < deadline, served.log()[-4000:]
+        time.sleep(0.1)
 
 
 def test_json_schema_outputs_validate_over_seeds_and_temperatures(client, served):
@@ -195,6 +206,59 @@ def test_langchain_with_structured_output_round_trips(served):
     )
     pet = llm.with_structured_output(Pet, method="json_schema").invoke("Describe a pet.")
     assert isinstance(pet, Pet)
+
+
+def stream_person(client, kw: dict, progress: list[int], i: int) -> str:  # noqa: ANN001
+    chunks = person(client, stream=True, **kw)
+    text = []
+    for c in chunks:
+        if c.choices and c.choices[0].delta.content:
+            text.append(c.choices[0].delta.content)
+            progress[i] += 1
+    return "".join(text)
+
+
+def test_a_scheduler_killed_mid_request_leaves_valid_outputs(client, served):
+    """serve restarts a killed scheduler, the workers register again, and the frontend
+    re-submits each live request with its outputs so far: every worker builds a fresh matcher
+    that replays them, so the seeded outputs end as an undisturbed run does, still valid, and
+    the new scheduler's ledger is empty afterwards."""
+    kw = [dict(temperature=1.0, seed=200 + i) for i in range(4)]
+    reference = {i: person(client, **k).choices[0].message.content for i, k in enumerate(kw)}
+    frontend = f"{served.url}/metrics"
+    resumed_before = metric_sum(
+        scrape(frontend), "kvledger_request_resumptions_total", outcome="resumed"
+    )
+    scheduler = next(p for p in descendants(served.process.pid) if "-m scheduler_svc" in cmdline(p))
+    progress = [0] * len(kw)
+    results: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            results[i] = stream_person(client, kw[i], progress, i)
+        except Exception as err:  # noqa: BLE001 - reported below
+            results[i] = err
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(kw))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    while sum(1 for n in progress if n >= 2) < 2:  # two streams under way, mid-JSON
+        assert time.monotonic() < deadline, f"streams did not start: {progress}"
+        time.sleep(0.005)
+    killed_at = list(progress)
+    os.kill(scheduler, signal.SIGKILL)
+    for t in threads:
+        t.join(600)
+    assert results == reference, killed_at
+    for text in results.values():
+        valid(text)
+    after = scrape(frontend)
+    assert metric_sum(after, "kvledger_request_resumptions_total", outcome="gave_up") == 0
+    resumed = metric_sum(after, "kvledger_request_resumptions_total", outcome="resumed")
+    assert resumed > resumed_before, "no request was live when the scheduler died"
+    assert idle(served), "the restarted scheduler's ledger is not empty"
+    valid(person(client, temperature=0).choices[0].message.content)  # still serving
 
 
 def test_a_worker_killed_mid_request_leaves_valid_outputs(client, served):

@@ -2,12 +2,14 @@
 random logits: every structured row samples only what its grammar allows, greedy and random
 alike, while other rows of the batch sample as before; a finished grammar forces EOS (even
 against min_tokens); a matcher rebuilt from a request's outputs is where the old one was; a
-spec that does not compile fails its request with a message; and a random walk through a JSON
-schema's grammar always ends in JSON that validates."""
+spec that does not compile fails its request with a message; a random walk through a JSON
+schema's grammar always ends in JSON that validates; and the engine's tokenizer is built when
+the worker starts (from a GGUF model's already parsed file), not by the first request."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import jsonschema
@@ -191,3 +193,74 @@ def test_a_random_walk_through_a_schema_always_validates(grammars, seed):
     else:
         pytest.fail(f"no EOS after 200 tokens: {text(outputs)!r}")
     jsonschema.validate(json.loads(text(outputs)), SCHEMA)
+
+
+def test_the_tokenizer_is_built_at_start_not_by_the_first_request(tokenizer_dir, tmp_path):
+    """`prepare` (called when the worker starts) builds the engine's tokenizer; a request
+    after it builds nothing: here the files it was built from are gone by then."""
+    source = tmp_path / "tok"
+    source.mkdir()
+    (source / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
+    grammars = Grammars(str(source), VOCAB, [EOS])
+    assert grammars.prepare() is grammars.prepare()  # started once
+    grammars.prepare().result(timeout=60)
+    (source / "tokenizer.json").unlink()
+    spec = choice_spec(["ab"])
+    out = sample(grammars, torch.randn(1, VOCAB), [chunk(grammars, spec, [97])])
+    assert out[0].token_id == 98
+
+
+def test_a_gguf_worker_reports_the_grammar_engine_ready_at_start(tmp_path, caplog, kv_cache_dir):
+    """A GGUF model's worker reports the grammar engine ready right after it starts, without
+    any request; a request then builds nothing."""
+    from gguf import GGMLQuantizationType
+
+    from tests.worker.gguf_files import write_llama_gguf
+    from tests.worker.helpers import make_runner
+
+    path = write_llama_gguf(tmp_path, GGMLQuantizationType.F32)
+    caplog.set_level("INFO", logger="worker.sample.constraints")
+    runner = make_runner(path)
+    deadline = time.monotonic() + 60
+    while not any("ready" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+        time.sleep(0.01)
+    assert runner.grammars.prepare().done()
+    constraint = runner.constraint(StructuredSpec("regex", "[0-9]+"))
+    masks = runner.grammars.compute([(0, constraint, [])])
+    assert allowed(masks.bitmask, runner.vocab_size)[0].any()
+
+
+def test_a_parsed_gguf_file_gives_its_tokenizer_without_a_second_parse(
+    tmp_path, monkeypatch, kv_cache_dir
+):
+    """The worker's checkpoint keeps the file's vocabulary from its one parse; the grammar
+    engine's tokenizer is built from it (parsing a real vocabulary again takes seconds)."""
+    from gguf import GGMLQuantizationType
+
+    import kvledger.gguf_file
+    import kvledger.gguf_tokenizer
+    from kvledger.grammar_tokenizer import build_grammar_tokenizer
+    from tests.worker.gguf_files import write_llama_gguf
+    from worker.gguf import open_checkpoint
+
+    path = write_llama_gguf(tmp_path, GGMLQuantizationType.F32)
+    meta = open_checkpoint(path).tokenizer_metadata()
+    assert len(meta["tokenizer.ggml.tokens"]) == 300
+
+    def no_second_parse(_path):  # noqa: ANN001, ANN202
+        raise AssertionError("the GGUF file was parsed again for its tokenizer")
+
+    monkeypatch.setattr(kvledger.gguf_tokenizer, "open_reader", no_second_parse)
+    monkeypatch.setattr(kvledger.gguf_file, "open_reader", no_second_parse)
+    built = build_grammar_tokenizer(str(path), 300, (2,), gguf_metadata=meta)
+    assert not isinstance(built, StructuredError), built
+    assert build_grammar_tokenizer(str(path), 300, (2,)).__class__ is StructuredError
+
+
+def test_a_tokenizer_the_engine_cannot_read_is_refused_at_start_and_per_request(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    grammars = Grammars(str(tmp_path), VOCAB, [EOS])
+    assert isinstance(grammars.prepare().result(timeout=60), StructuredError)
+    with pytest.raises(StructuredError, match="tokenizer cannot be loaded"):
+        grammars.constraint(choice_spec(["a"]))

@@ -22,4 +22,8 @@ std::vector<at::Tensor> split_rope(const at::Tensor& qkv, const at::Tensor& cos,
                                    int64_t num_kv_heads, int64_t head_dim);
 at::Tensor argmax_rows(const at::Tensor& logits);
 
+// masks.cpp: structured outputs' packed token bitmasks applied to float32 logits, in place.
+void mask_logits(const at::Tensor& logits, const at::Tensor& rows, const at::Tensor& bitmask,
+                 bool portable);
+
 }  // namespace kvledger

@@ -22,6 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from kvledger.gguf_file import (
+    VOCABULARY_KEYS,
     GGUFError,
     find_gguf,
     is_gguf,
@@ -56,6 +57,10 @@ class Header:
     metadata: dict[str, Any]  # without the vocabulary lists (kvledger/gguf_file.py)
     hf_config: dict[str, Any]
     specs: tuple[TensorSpec, ...]
+    # the tokenizer's token, score, type and merge lists as plain Python lists (~10 MiB for a
+    # 49k vocabulary, against the reader's ~160 MiB of arrays): the grammar engine's tokenizer
+    # is built from them, so the file is parsed once per process
+    vocabulary: dict[str, Any]
 
 
 @dataclass
@@ -65,6 +70,11 @@ class GGUFCheckpoint:
     metadata: dict[str, Any]
     hf_config: dict[str, Any]
     _tensors: list[GGUFTensor]
+    _vocabulary: dict[str, Any]
+
+    def tokenizer_metadata(self) -> dict[str, Any]:
+        """Every metadata field, the vocabulary lists included (kvledger/gguf_tokenizer.py)."""
+        return {**self.metadata, **self._vocabulary}
 
     def tensors(self) -> Iterator[GGUFTensor]:
         """Every tensor, in file order (the order its bytes lie in)."""
@@ -117,7 +127,7 @@ def _open(path: Path, header: Header) -> GGUFCheckpoint:
         )
         for s in header.specs
     ]
-    return GGUFCheckpoint(path, data, header.metadata, header.hf_config, tensors)
+    return GGUFCheckpoint(path, data, header.metadata, header.hf_config, tensors, header.vocabulary)
 
 
 def _header(path: Path) -> Header:
@@ -148,4 +158,5 @@ def _header(path: Path) -> Header:
             )
         except (UnknownTensorError, ValueError) as err:
             raise GGUFError(f"{path}: tensor {t.name}: {err}") from None
-    return Header(meta, config, tuple(specs))
+    vocabulary = {k: found.contents() for k in VOCABULARY_KEYS if (found := reader.fields.get(k))}
+    return Header(meta, config, tuple(specs), vocabulary)

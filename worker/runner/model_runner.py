@@ -6,10 +6,12 @@ import logging
 import os
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
 from kvledger.config.worker import DTYPES as DTYPE_NAMES
+from kvledger.gguf_file import is_gguf
 from kvledger.structured import StructuredSpec
 from worker import native
 from worker.attention import get_backend
@@ -133,7 +135,9 @@ class ModelRunner:
         self.sampler = Sampler(seed, ops)
         # structured outputs: grammars over the model's tokenizer (--tokenizer's, if given)
         source = Path(tokenizer).expanduser().resolve() if tokenizer else Path(model_path)
-        self.grammars = Grammars(str(source), self.vocab_size, self.eos_token_ids)
+        self.grammars = Grammars(
+            str(source), self.vocab_size, self.eos_token_ids, gguf_metadata=_gguf_metadata(source)
+        )
         self.graphs: DecodeGraphs | None = None
         if graphs:
             self.graphs = DecodeGraphs(
@@ -154,6 +158,7 @@ class ModelRunner:
             block_size,
             graphs or "off",
         )
+        self.grammars.prepare()  # at start, beside the scheduler link: no request builds it
         log.info(
             "model %s: %s, %d layers, %s, %d KV blocks of %d tokens (%.1f MiB)",
             model_path,
@@ -284,3 +289,14 @@ def _max_model_len(requested: int | None, cfg: ModelConfig) -> int:
             f"{cfg.max_position_embeddings}] (the model's max_position_embeddings)"
         )
     return requested
+
+
+def _gguf_metadata(source: Path) -> dict[str, Any] | None:
+    """The metadata of the GGUF file the weights were read from, vocabulary included, as the
+    worker parsed it once (worker/gguf/checkpoint.py), for the grammar engine's tokenizer; None
+    for a tokenizer.json directory."""
+    if not is_gguf(source):
+        return None
+    from worker.gguf import open_checkpoint
+
+    return open_checkpoint(source).tokenizer_metadata()

@@ -6,9 +6,11 @@ Rules, and why:
   mask it catches up on the outputs it has not seen (`Constraint.sync`). A request that comes
   back after preemption, recomputation, a lost worker or a resumed stream arrives with its
   outputs so far, and gets a fresh matcher that replays them; nothing is carried by the plan.
-- Grammars compile once per spec per worker (an LRU of compiled matchers, copied per request);
-  the engine's tokenizer is built on the first structured request (seconds for a GGUF file,
-  once).
+- Grammars compile once per spec per worker (an LRU of compiled matchers, copied per request).
+  The engine's tokenizer is built when the worker starts, on a thread of its own
+  (`Grammars.prepare`; from a GGUF model's reader when the worker still holds it, since
+  parsing the file again takes seconds): the first structured request waits only for what
+  is left of the build, if anything, never for a build of its own.
 - Masks are computed for the constrained rows only, in one call over all of them (llguidance
   runs it on its own threads, without the GIL), and started before the forward pass, on a
   side thread, so that the batch's forward and the masks overlap (`Grammars.start`).
@@ -20,16 +22,23 @@ Rules, and why:
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
 
 import llguidance
 import torch
 
-from kvledger.grammar_tokenizer import grammar_tokenizer_at
+from kvledger.grammar_tokenizer import build_grammar_tokenizer
 from kvledger.structured import StructuredError, StructuredSpec, grammar_of
+
+log = logging.getLogger(__name__)
 
 # Compiled grammars kept per worker; a request copies one (a copy costs about a microsecond).
 MAX_COMPILED = 64
@@ -76,18 +85,64 @@ class Grammars:
     """One worker's compiled grammars and matchers, for its model's tokenizer."""
 
     def __init__(
-        self, tokenizer_source: str, vocab_size: int, eos_token_ids: Sequence[int]
+        self,
+        tokenizer_source: str,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        gguf_metadata: dict[str, Any] | None = None,
     ) -> None:
         self.source = tokenizer_source
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
+        # the file at `source`, already parsed (a GGUF model's weights'): not parsed again
+        self._gguf_metadata = gguf_metadata
+        self._tokenizer: Future[llguidance.LLTokenizer | StructuredError] | None = None
+        self._lock = threading.Lock()
         self._compiled: OrderedDict[StructuredSpec, llguidance.LLMatcher] = OrderedDict()
         self._engine: llguidance.LLExecutor | None = None
         self._thread: ThreadPoolExecutor | None = None
 
+    def prepare(self) -> Future[llguidance.LLTokenizer | StructuredError]:
+        """Starts building the engine's tokenizer (once) on a daemon thread; its outcome, or
+        the refusal every structured request on this model gets, is logged when it is known."""
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = Future()
+                threading.Thread(target=self._build, name="grammar-tokenizer", daemon=True).start()
+            return self._tokenizer
+
+    def _build(self) -> None:
+        assert self._tokenizer is not None
+        started = time.monotonic()
+        try:
+            built = build_grammar_tokenizer(
+                self.source, self.vocab_size, self.eos_token_ids, self._gguf_metadata
+            )
+        except Exception as err:  # noqa: BLE001 - an unset result would hang every request
+            built = StructuredError(f"structured outputs: the grammar tokenizer failed: {err}")
+        self._gguf_metadata = None  # read once: the worker's checkpoint cache owns it
+        if isinstance(built, StructuredError):
+            log.info("structured outputs are refused on this model: %s", built)
+        else:
+            log.info(
+                "structured outputs: grammar tokenizer of %s ready (%d tokens, %.1f s)",
+                self.source,
+                self.vocab_size,
+                time.monotonic() - started,
+            )
+        self._tokenizer.set_result(built)
+
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        """The engine's tokenizer, once built (waiting for the rest of a build under way);
+        StructuredError when this model's tokenizer cannot be constrained."""
+        built = self.prepare().result()
+        if isinstance(built, StructuredError):
+            raise built
+        return built
+
     def constraint(self, spec: StructuredSpec) -> Constraint:
         """A fresh matcher for `spec`; StructuredError when it cannot be built here."""
-        tokenizer = grammar_tokenizer_at(self.source, self.vocab_size, self.eos_token_ids)
+        tokenizer = self.tokenizer()
         template = self._compiled.get(spec)
         if template is None:
             template = llguidance.LLMatcher(tokenizer, grammar_of(spec), log_level=0, limits=QUIET)
@@ -128,25 +183,49 @@ class Grammars:
         return masks
 
 
+# The bits of each byte value, lowest first: a bitmask's bytes index it (little-endian, the
+# order the engine writes), eight tokens at a time; and the same as what masking adds to a
+# logit (0 where allowed, -inf where not).
+_BYTE_BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool()
+_BYTE_BIAS = torch.zeros(256, 8).masked_fill(~_BYTE_BITS, float("-inf"))
+
+
+def _unpack(bitmask: torch.Tensor, table: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[n, W] int32 -> [n, vocab_size] of `table`'s rows, one lookup per byte of the mask
+    rather than a shift per bit (no per-token Python)."""
+    as_bytes = bitmask.contiguous().view(torch.uint8).long()
+    bits = torch.nn.functional.embedding(as_bytes, table.to(bitmask.device))
+    return bits.view(bitmask.shape[0], -1)[:, :vocab_size]
+
+
 def allowed(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[n, W] int32 bitmask -> [n, vocab_size] bool, in tensor ops (no per-token Python)."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
-    return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
+    """[n, W] int32 bitmask -> [n, vocab_size] bool: which tokens each row allows."""
+    return _unpack(bitmask, _BYTE_BITS, vocab_size)
 
 
-def apply_masks(logits: torch.Tensor, masks: Masks) -> torch.Tensor:
-    """The logits with every token a row's grammar forbids at -inf (rows without a grammar
-    untouched). A row left with nothing (min_tokens masked the EOS the grammar requires) draws
-    among the grammar's tokens alone: the grammar wins, so the output stays valid."""
+def apply_masks(
+    logits: torch.Tensor, masks: Masks, native: ModuleType | None = None
+) -> torch.Tensor:
+    """`logits` with every token a row's grammar forbids at -inf (rows without a grammar
+    untouched), written in place. A row left with nothing (min_tokens masked the EOS the
+    grammar requires) draws among the grammar's tokens alone: the grammar wins, so the output
+    stays valid. `native`: the compiled CPU kernels (worker/native.py), which read the packed
+    mask as it is (microseconds a row); without them (no compiler, a GPU), the mask becomes a
+    0/-inf bias added in place (torch's masked_fill with a bool mask cost several times more)."""
     if not masks.rows:
         return logits
     rows = torch.tensor(masks.rows, device=logits.device)
-    ok = allowed(masks.bitmask.to(logits.device), logits.shape[1])
-    masked = logits[rows].masked_fill(~ok, float("-inf"))
-    dead = masked.amax(dim=-1) == float("-inf")
+    if (
+        native is not None
+        and logits.device.type == "cpu"
+        and logits.dtype == torch.float32
+        and logits.is_contiguous()
+    ):
+        native.mask_logits(logits, rows, masks.bitmask, False)
+        return logits
+    bias = _unpack(masks.bitmask.to(logits.device), _BYTE_BIAS, logits.shape[1])
+    logits.index_add_(0, rows, bias.to(logits.dtype))
+    dead = logits.amax(dim=-1)[rows] == float("-inf")
     if bool(dead.any()):
-        masked[dead] = torch.zeros_like(masked[dead]).masked_fill(~ok[dead], float("-inf"))
-    logits = logits.clone()
-    logits[rows] = masked
+        logits[rows[dead]] = bias[dead].to(logits.dtype)  # 0 where allowed, -inf elsewhere
     return logits

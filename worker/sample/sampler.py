@@ -131,8 +131,9 @@ class Sampler:
     def __init__(self, seed: int = 0, native: ModuleType | None = None) -> None:
         # Requests without a seed draw from one worker-wide stream.
         self.generator = torch.Generator().manual_seed(seed)
-        # The compiled CPU kernels (worker/native.py), for the greedy argmax: torch's CPU
-        # argmax over a vocabulary row is ~18x slower than a sum over it.
+        # The compiled CPU kernels (worker/native.py), for the greedy argmax (torch's CPU
+        # argmax over a vocabulary row is ~18x slower than a sum over it) and the grammar
+        # masks (worker/csrc/masks.cpp).
         self.native = native
 
     def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
@@ -145,7 +146,8 @@ class Sampler:
         self, logits: torch.Tensor, chunks: list[SeqChunk], masks: Masks | None = None
     ) -> list[Sample]:
         """logits [N, V] (one row per sampling chunk) -> one Sample per row; `masks`: the
-        tokens each structured row's grammar allows (a row whose grammar failed fails)."""
+        tokens each structured row's grammar allows (a row whose grammar failed fails),
+        written into `logits` in place: the caller hands over a tensor it no longer needs."""
         logits = logits.float()
         finite = finite_rows(logits)
         failed = set((~finite).nonzero().flatten().tolist())
@@ -155,7 +157,7 @@ class Sampler:
         raw = torch.log_softmax(logits[want], dim=-1) if want else None
         logits = apply_min_tokens(apply_logit_bias(apply_penalties(logits, chunks), chunks), chunks)
         if masks is not None:
-            logits = apply_masks(logits, masks)
+            logits = apply_masks(logits, masks, self.native)
         tokens = self._draw(logits, chunks).tolist()
         samples = [Sample(token) for token in tokens]
         if raw is not None:
