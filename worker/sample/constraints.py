@@ -8,8 +8,8 @@ Rules, and why:
   outputs so far, and gets a fresh matcher that replays them; nothing is carried by the plan.
 - Grammars compile once per spec per worker (an LRU of compiled matchers, copied per request).
   The engine's tokenizer is built when the worker starts, on a thread of its own
-  (`Grammars.prepare`; from a GGUF model's reader when the worker still holds it, since
-  parsing the file again takes seconds): the first structured request waits only for what
+  (`Grammars.prepare`; for a GGUF model, from the vocabulary its checkpoint kept from the one
+  parse of the file, which takes seconds): the first structured request waits only for what
   is left of the build, if anything, never for a build of its own.
 - Masks are computed for the constrained rows only, in one call over all of them (llguidance
   runs it on its own threads, without the GIL), and started before the forward pass, on a
@@ -94,7 +94,8 @@ class Grammars:
         self.source = tokenizer_source
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
-        # the file at `source`, already parsed (a GGUF model's weights'): not parsed again
+        # the metadata of the GGUF file at `source`, vocabulary included, as the worker parsed
+        # it for the weights: the file is not parsed again
         self._gguf_metadata = gguf_metadata
         self._tokenizer: Future[llguidance.LLTokenizer | StructuredError] | None = None
         self._lock = threading.Lock()
