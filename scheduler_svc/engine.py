@@ -90,7 +90,7 @@ class Engine:
             self._on_update,
             plan_ahead=self.config.async_scheduling,
             scheduler=scheduler,
-            steps_per_plan=self.config.num_scheduler_steps,
+            num_scheduler_steps=self.config.num_scheduler_steps,
         )
         self.links[link.worker_id] = link
         self.known_models.add(link.model)

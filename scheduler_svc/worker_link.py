@@ -29,6 +29,9 @@ EMPTY_OUTPUT = SchedulerOutput(
 # processes); a 300M model's 40 ms step gained 1% from them while its stream came in 160 ms
 # chunks, so there they stop at one step.
 BUNDLE_BUDGET_S = 0.05
+# The step time a bundle is sized by: a moving average of the worker's decode-only steps, each
+# new one weighing this much (about the last five steps), so one slow step does not end bundling.
+STEP_TIME_SMOOTHING = 0.2
 
 
 def _decodes_only(out: SchedulerOutput) -> bool:
@@ -47,7 +50,7 @@ class WorkerLink:
         on_update: Callable[[LiveRequest, Delivery], None],
         plan_ahead: bool = False,
         scheduler: Scheduler | None = None,
-        steps_per_plan: int = 1,
+        num_scheduler_steps: int = 1,
     ) -> None:
         self.registration = registration
         self.worker_id = registration.worker_id
@@ -64,10 +67,11 @@ class WorkerLink:
         # Async scheduling (--async-scheduling): a second plan goes out while the worker runs
         # the first, so the worker never waits for the scheduler between steps.
         self.plan_ahead_enabled = plan_ahead
-        # --num-scheduler-steps (at least 1): decode steps planned at once and sent as one
-        # bundle, never more than the worker said it runs from one message (a worker built
-        # before bundles says 0: one plan a message)
-        self.steps_per_plan = min(steps_per_plan, max(registration.max_steps_per_plan, 1))
+        # A bundle: the decode steps planned at once and sent as one message, at most
+        # --num-scheduler-steps (at least 1) and never more than the worker said it runs from
+        # one message (`max_steps_per_plan`; a worker built before bundles says 0: one plan a
+        # message)
+        self.max_bundle_steps = min(num_scheduler_steps, max(registration.max_steps_per_plan, 1))
         self._in_flight: list[list[SchedulerOutput]] = []  # unanswered bundles, oldest first
         self._sent_at: list[float] = []  # monotonic time each of them left
         self.step_s = 0.0  # the worker's recent time per decode step (moving average)
@@ -171,7 +175,7 @@ class WorkerLink:
         (each on the tokens the steps before it sample, as async scheduling plans): the core
         sees N plans in flight, and its rules for them hold unchanged."""
         bundle: list[SchedulerOutput] = []
-        while len(bundle) < self.steps_per_plan:
+        while len(bundle) < self.max_bundle_steps:
             out = self.scheduler.schedule()
             self._dispatch(out.finished)
             if out.is_empty:
@@ -230,7 +234,7 @@ class WorkerLink:
         self.steps += 1
         if result.step_seconds > 0 and _decodes_only(out):  # what a bundle's steps are
             seconds, before = result.step_seconds, self.step_s
-            self.step_s = before + 0.2 * (seconds - before) if before else seconds
+            self.step_s = before + STEP_TIME_SMOOTHING * (seconds - before) if before else seconds
         self._dispatch(updates)
 
     def _note_scheduled(self, out: SchedulerOutput) -> None:

@@ -187,7 +187,7 @@ def bare_link(
         registration(max_steps_per_plan=worker_steps),
         config,
         lambda _live, delivery: sent.append(response_from(delivery)),
-        steps_per_plan=steps,
+        num_scheduler_steps=steps,
     )
     return link, sent
 
@@ -218,7 +218,7 @@ def test_a_worker_that_predates_bundles_gets_one_plan_a_message():
     link, _ = bare_link(4, worker_steps=0)  # its registration says nothing of bundles
     add(link, "a", 20)
     answer(link, link._plan())
-    assert link.steps_per_plan == 1 and not link._plan().then
+    assert link.max_bundle_steps == 1 and not link._plan().then
 
 
 def test_a_prefill_ends_a_bundle_and_a_newcomer_is_planned_alone():
