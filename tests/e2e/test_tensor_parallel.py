@@ -100,7 +100,10 @@ def test_killing_a_rank_loses_one_worker_whose_requests_finish_on_the_other(tmp_
             t.join(90)
         assert results == dict(enumerate(reference))
         log = served.log()
-        assert "worker-rank1 exited" in log and "the tensor-parallel group goes down" in log
+        # rank 0 goes down whichever sees the loss first: the watcher of its ranks, or its
+        # own next collective (worker/parallel/tp_spawn.py)
+        watcher = "worker-rank1 exited" in log and "the tensor-parallel group goes down" in log
+        assert watcher or "the tensor-parallel group is broken" in log, log[-2000:]
         assert "worker worker-0 lost" in log
         assert not [p for p in group if alive(p)]
         samples = scrape(served.scheduler_metrics_url)
