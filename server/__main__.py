@@ -17,6 +17,7 @@ from kvledger.tls import checked
 from server.app import build_app
 from server.chat_template import ChatTemplateError, check_chat_template
 from server.connections import with_deadlines
+from server.http_server import serve
 
 # Request line and headers together: larger is refused instead of buffered (nginx and
 # most proxies allow 8-16 KiB).
@@ -77,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             settings.metrics_port, addr=settings.metrics_host, registry=app.state.registry
         )
     limits = settings.limits
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -93,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ),
         h11_max_incomplete_event_size=H11_MAX_HEADER_BYTES,
     )
+    serve(config)
 
 
 if __name__ == "__main__":

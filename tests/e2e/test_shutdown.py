@@ -92,3 +92,38 @@ def test_serve_stops_with_a_request_in_flight(tmp_path, sig, target, times):
         for pid in [served.process.pid, *children]:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _frontend_pid(pids: set[int]) -> int:
+    for pid in pids:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if f.read().split(b"\0")[1:3] == [b"-m", b"server"]:
+                return pid
+    raise AssertionError(f"no frontend among {pids}")
+
+
+def test_frontend_keeps_streams_open_through_a_second_ctrl_c(tmp_path):
+    """uvicorn alone would take the second SIGINT as "force quit" and cut every open stream;
+    the frontend only logs it, so the stream still ends with the error event the scheduler
+    sends once the worker stops."""
+    served = start_serve(tmp_path, "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), new_session=True)
+    children = descendants(served.process.pid)
+    stream = Stream(served.url)
+    try:
+        stream.start()
+        assert stream.first_token.wait(60) and stream.events, "no token streamed"
+        frontend = _frontend_pid(children)
+        os.kill(frontend, signal.SIGINT)
+        time.sleep(0.2)  # two signals before the handler runs would arrive as one
+        os.kill(frontend, signal.SIGINT)
+        time.sleep(0.5)
+        assert stream.is_alive(), (stream.error, served.log())
+        os.killpg(served.process.pid, signal.SIGTERM)
+        served.process.wait(timeout=EXIT_DEADLINE)
+        stream.join(10)
+        assert stream.ended_cleanly, (stream.error, stream.events[-3:], served.log())
+        assert "frontend: SIGINT again; already stopping" in served.log(), served.log()
+    finally:
+        for pid in [served.process.pid, *children]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
