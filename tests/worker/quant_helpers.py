@@ -28,3 +28,23 @@ def greedy_disagreements(ref: torch.Tensor, got: torch.Tensor, tol: float) -> li
     margin = top2[:, 0] - top2[:, 1]
     differ = ref.argmax(-1) != got.argmax(-1)
     return torch.nonzero(differ & (margin >= tol)).flatten().tolist()
+
+
+def int8_rule(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x's activations as the rule quantizes and dequantizes them, each block's scale d),
+    in float32 arithmetic as the kernels compute them."""
+    rows, inp = x.shape
+    xb = x.numpy().reshape(rows, inp // 32, 32)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.rint(xb * inv)  # numpy's rint rounds ties to even
+    d = (amax * np.float32(1 / 127)).astype(np.float32)
+    return torch.from_numpy((q * d).reshape(rows, inp)), torch.from_numpy(d[..., 0])
+
+
+def int8_activations(rows: int, inp: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, inp, generator=gen)
+    x[0, :32] = 0  # an all-zero block: scale 0, values 0
+    x[-1, -1] = 40.0  # an outlier, as real hidden states have: its block's step is large
+    return x

@@ -13,12 +13,11 @@ has it, forced by the `isa` argument.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from tests.worker.quant_helpers import SHAPES, TYPES, quantized
+from tests.worker.quant_helpers import SHAPES, TYPES, int8_activations, int8_rule, quantized
 from worker.quant import kernels
 from worker.quant.layers import QuantizedLinear
 
@@ -40,26 +39,6 @@ def int8_isa_or_skip(module, isa: str) -> str:  # noqa: ANN001
     return isa
 
 
-def rule(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x's activations as the rule quantizes and dequantizes them, each block's scale d),
-    in float32 arithmetic as the kernels compute them."""
-    rows, inp = x.shape
-    xb = x.numpy().reshape(rows, inp // 32, 32)
-    amax = np.abs(xb).max(-1, keepdims=True)
-    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
-    q = np.rint(xb * inv)  # numpy's rint rounds ties to even
-    d = (amax * np.float32(1 / 127)).astype(np.float32)
-    return torch.from_numpy((q * d).reshape(rows, inp)), torch.from_numpy(d[..., 0])
-
-
-def activations(rows: int, inp: int, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, inp, generator=gen)
-    x[0, :32] = 0  # an all-zero block: scale 0, values 0
-    x[-1, -1] = 40.0  # an outlier, as real hidden states have: its block's step is large
-    return x
-
-
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -69,9 +48,9 @@ def test_each_path_computes_the_rule_within_its_bound(module, isa, qtype, shape)
     blocks, w = quantized(out, inp, qtype)
     layer = QuantizedLinear(inp, blocks, int(qtype), isa=isa, activations="int8")
     for rows in ROWS:
-        x = activations(rows, inp, rows)
+        x = int8_activations(rows, inp, rows)
         got = layer(x).double()
-        xq, d = rule(x)
+        xq, d = int8_rule(x)
         want = xq.double() @ w.double().T
         scale = want.abs().max().item()
         assert (got - want).abs().max().item() <= RULE_TOLERANCE * scale
@@ -85,7 +64,7 @@ def test_paths_and_batch_sizes_agree(module) -> None:  # noqa: ANN001
     """A row's result depends on neither the path nor the rows beside it (up to rounding)."""
     qtype = GGMLQuantizationType.Q4_1
     blocks, _ = quantized(130, 576, qtype, seed=4)
-    x = activations(9, 576, 5)
+    x = int8_activations(9, 576, 5)
     isas = [i for i in ISAS if module.cpu_has_int8(kernels.ISAS[i])]
     assert "scalar" in isas
     ref = QuantizedLinear(576, blocks, int(qtype), isa="scalar", activations="int8")(x)

@@ -33,9 +33,11 @@ SOURCES = [
         "int8_scalar.cpp",
         "int8_avx2.cpp",
         "int8_vnni.cpp",
+        "rows16.cpp",
+        "rows16_vnni.cpp",
     )
 ]
-HEADERS = [CSRC / "blocks.h", CSRC / "int8_tile.h"]
+HEADERS = [CSRC / "blocks.h", CSRC / "int8_tile.h", CSRC / "rows16.h"]
 ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
 ISA_ENV = "KVLEDGER_QUANT_ISA"
 _lock = threading.Lock()
@@ -72,6 +74,21 @@ def require() -> ModuleType:
     return module
 
 
+ROWS16_TYPES = (2, 3)  # Q4_0, Q4_1 (worker/csrc/quant/rows16.h)
+
+
+def rows16_runs(ggml_type: int, out_features: int, activations: str, isa: int) -> bool:
+    """Whether an int8-activation layer of this type and size runs on rows16 tiles here: an
+    AVX-512 VNNI CPU, the isa left to the CPU (or naming AVX-512), whole groups of 16 rows."""
+    return (
+        activations == "int8"
+        and ggml_type in ROWS16_TYPES
+        and out_features % 16 == 0
+        and isa in (ISAS["auto"], ISAS["avx512"])
+        and bool(require().cpu_has_int8(ISAS["avx512"]))
+    )
+
+
 def isa_from_env() -> int:
     name = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
     if name not in ISAS:
@@ -96,3 +113,10 @@ def _register_fakes() -> None:
     torch.library.register_fake("kvledger_quant::linear", linear)
     torch.library.register_fake("kvledger_quant::linear_int8", linear)
     torch.library.register_fake("kvledger_quant::dequantize", dequantize)
+
+    def linear_rows16(
+        x: torch.Tensor, tiles: torch.Tensor, ggml_type: int, in_features: int
+    ) -> torch.Tensor:
+        return x.new_empty(*x.shape[:-1], tiles.shape[0] * 16)
+
+    torch.library.register_fake("kvledger_quant::linear_int8_rows16", linear_rows16)

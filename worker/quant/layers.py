@@ -9,7 +9,10 @@ layers it replaces (`PackedLinear.split` included), so the forward pass does not
 With `activations="int8"` the layer runs `torch.ops.kvledger_quant.linear_int8` instead: each
 input row is quantized to int8 per block of 32 (as llama.cpp's Q8 activations) and multiplied
 by integer dot products (AVX-512 VNNI where the CPU has it): faster at a decode step, and off
-the exact product by the activations' rounding (docs/architecture.md states the bound).
+the exact product by the activations' rounding (docs/architecture.md states the bound). On an
+AVX-512 VNNI CPU a Q4_0/Q4_1 layer of such kind regroups its blocks sixteen rows at a time
+(`worker/csrc/quant/rows16.h`: the same bytes, no second copy) for a kernel that spends under
+a cycle a weight block where the GGUF layout's takes ~6 (`linear_int8_rows16`).
 
 `QuantizedEmbedding` looks token ids up by dequantizing just their rows; a tied LM head is a
 `QuantizedLinear` over the same buffer (one copy of the blocks serves both).
@@ -47,6 +50,7 @@ class QuantizedLinear(nn.Module):
     gate/up), for `split`. `isa` forces a kernel path (`kernels.ISAS`); by default the
     `KVLEDGER_QUANT_ISA` environment variable, else the best this CPU runs. `activations`:
     "float" (the exact product) or "int8" (quantized activations, integer dot products).
+    `rows16=False` keeps the GGUF rows whatever the CPU (a head tied to an embedding's blocks).
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class QuantizedLinear(nn.Module):
         shard_sizes: dict[str, int] | None = None,
         isa: str | None = None,
         activations: str = "float",
+        rows16: bool = True,
     ) -> None:
         super().__init__()
         _check_blocks(blocks, ggml_type, in_features)
@@ -81,10 +86,31 @@ class QuantizedLinear(nn.Module):
         self.isa = kernels.ISAS[isa] if isa is not None else kernels.isa_from_env()
         self.activations = activations
         self.op = ACTIVATIONS[activations]()
+        # the rows16 tiles replace the GGUF rows (never for blocks shared with an embedding)
+        self.rows16 = rows16 and kernels.rows16_runs(
+            self.ggml_type, self.out_features, activations, self.isa
+        )
+        if self.rows16:
+            self.blocks = torch.ops.kvledger_quant.pack_rows16(
+                self.blocks, self.ggml_type, in_features
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.op(x, self.blocks, self.ggml_type, self.in_features, self.isa)
+        if self.rows16:
+            y = torch.ops.kvledger_quant.linear_int8_rows16(
+                x, self.blocks, self.ggml_type, self.in_features
+            )
+        else:
+            y = self.op(x, self.blocks, self.ggml_type, self.in_features, self.isa)
         return y if self.bias is None else y + self.bias
+
+    def gguf_blocks(self) -> torch.Tensor:
+        """The weight as GGUF rows [out, bytes per row], whatever layout the layer holds."""
+        if self.rows16:
+            return torch.ops.kvledger_quant.unpack_rows16(
+                self.blocks, self.ggml_type, self.in_features
+            )
+        return self.blocks
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """A packed layer's output per shard (as `PackedLinear.split`)."""
@@ -92,13 +118,16 @@ class QuantizedLinear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The weight as float32 [out, in] (for tests and comparisons, not the forward)."""
-        return torch.ops.kvledger_quant.dequantize(self.blocks, self.ggml_type, self.in_features)
+        return torch.ops.kvledger_quant.dequantize(
+            self.gguf_blocks(), self.ggml_type, self.in_features
+        )
 
     def extra_repr(self) -> str:
         name = format_of(self.ggml_type).name
         return (
             f"in={self.in_features}, out={self.out_features}, {name}, "
             f"bias={self.bias is not None}, activations={self.activations}"
+            + (", rows16" if self.rows16 else "")
         )
 
 
@@ -124,5 +153,5 @@ class QuantizedEmbedding(nn.Module):
     def tied_head(self, isa: str | None = None, activations: str = "float") -> QuantizedLinear:
         """The LM head that shares this embedding's blocks (no second copy)."""
         return QuantizedLinear(
-            self.dim, self.blocks, self.ggml_type, isa=isa, activations=activations
+            self.dim, self.blocks, self.ggml_type, isa=isa, activations=activations, rows16=False
         )

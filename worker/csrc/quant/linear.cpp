@@ -19,6 +19,7 @@
 #include <torch/extension.h>
 
 #include "blocks.h"
+#include "rows16.h"
 
 namespace kvledger::quant {
 namespace {
@@ -106,6 +107,30 @@ int64_t best_int8_isa() {
   return best;
 }
 
+// x's rows quantized per block (blocks.h, `Int8Acts`) into the calling thread's scratch, kept
+// between calls (a decode step makes ~100 of them); `vectors`: fill dv and sv too (the per-row
+// kernels read them, the float fallback and rows16 do not).
+Int8Acts quantized(const at::Tensor& xf, int64_t rows, int64_t in, int64_t isa, bool vectors) {
+  const int64_t nb = in / kBlock;
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> scales;
+  q.resize(rows * in);
+  scales.resize(18 * rows * nb);  // d, sd, then dv and sv (8 floats a block each)
+  float *d = scales.data(), *sd = d + rows * nb, *dv = sd + rows * nb, *sv = dv + 8 * rows * nb;
+  auto quantize = &quantize_acts;
+#if defined(__x86_64__)
+  if (isa != kScalar) quantize = &quantize_acts_avx2;
+#endif
+  quantize(xf.data_ptr<float>(), rows, in, q.data(), d, sd);
+  for (int64_t i = 0; vectors && i < rows * nb; ++i) {
+    for (int k = 0; k < 8; ++k) {
+      dv[8 * i + k] = d[i];
+      sv[8 * i + k] = sd[i] * 0.125f;
+    }
+  }
+  return Int8Acts{q.data(), d, sd, dv, sv};
+}
+
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t in,
                        int64_t isa) {
   check_blocks(blocks, type, in);
@@ -115,31 +140,19 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t ty
   TORCH_CHECK(isa >= kScalar && isa <= kAvx512, "int8 linear: unknown isa ", isa);
   TORCH_CHECK(cpu_has(kInt8 + isa), "int8 linear: this CPU cannot run isa ", isa);
   Int8Kernel kernel = &int8_scalar;
-  auto quantize = &quantize_acts;
 #if defined(__x86_64__)
-  if (isa != kScalar) quantize = &quantize_acts_avx2;
   if (isa == kAvx2) kernel = &int8_avx2;
   if (isa == kAvx512) kernel = &int8_vnni512;
 #endif
   const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const int64_t out = blocks.size(0), rows = xf.numel() / in, nb = in / kBlock;
+  const int64_t out = blocks.size(0), rows = xf.numel() / in;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = out;
   at::Tensor y = at::empty(shape, xf.options());
   if (rows == 0 || out == 0) return y.to(x.scalar_type());
-  // the calling thread's scratch, kept between calls: a decode step makes ~100 of them
-  thread_local std::vector<int8_t> q;
-  thread_local std::vector<float> scales;
-  q.resize(rows * in);
-  scales.resize(18 * rows * nb);  // d, sd, then dv and sv (8 floats a block each)
-  float *d = scales.data(), *sd = d + rows * nb, *dv = sd + rows * nb, *sv = dv + 8 * rows * nb;
-  quantize(xf.data_ptr<float>(), rows, in, q.data(), d, sd);
-  for (int64_t i = 0; rows < kInt8FloatRows && i < rows * nb; ++i) {
-    for (int k = 0; k < 8; ++k) {
-      dv[8 * i + k] = d[i];
-      sv[8 * i + k] = sd[i] * 0.125f;
-    }
-  }
+  const Int8Acts acts = quantized(xf, rows, in, isa, rows < kInt8FloatRows);
+  const int8_t* q = acts.q;
+  const float* d = acts.d;
   const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows));
   if (rows >= kInt8FloatRows) {
     // the same quantized activations, dequantized, through the float kernel (faster from here:
@@ -153,9 +166,62 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t ty
     at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) { fk(args, begin, end); });
   } else {
     const Int8Args args{static_cast<int>(type), blocks.data_ptr<uint8_t>(), blocks.size(1), in,
-                        Int8Acts{q.data(), d, sd, dv, sv}, rows, y.data_ptr<float>(), out};
+                        acts, rows, y.data_ptr<float>(), out};
     at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
   }
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+// The rows16 layout (rows16.h): GGUF rows -> tiles, and back (for dequantizing, and tests).
+at::Tensor pack_rows16(const at::Tensor& blocks, int64_t type, int64_t in) {
+  check_blocks(blocks, type, in);
+  TORCH_CHECK(rows16_type(static_cast<int>(type)), "rows16: ggml type ", type, " is not Q4_0 or Q4_1");
+  TORCH_CHECK(blocks.size(0) % kGroupRows == 0, "rows16: ", blocks.size(0),
+              " rows are not a multiple of ", kGroupRows);
+  at::Tensor out = at::empty({blocks.size(0) / kGroupRows, blocks.size(1) * kGroupRows}, blocks.options());
+  rows16_pack(blocks.data_ptr<uint8_t>(), static_cast<int>(type), blocks.size(0), in,
+              out.data_ptr<uint8_t>());
+  return out;
+}
+
+void check_rows16(const at::Tensor& packed, int64_t type, int64_t in) {
+  TORCH_CHECK(rows16_type(static_cast<int>(type)), "rows16: ggml type ", type, " is not Q4_0 or Q4_1");
+  TORCH_CHECK(in > 0 && in % kBlock == 0, "rows16: in_features ", in, " is not a positive multiple of ",
+              kBlock);
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == at::kByte && packed.dim() == 2 &&
+                  packed.is_contiguous() &&
+                  packed.size(1) == in / kBlock * rows16_tile_bytes(static_cast<int>(type)),
+              "rows16: tiles must be a contiguous CPU uint8 tensor [out / 16, in / 32 * tile bytes]");
+}
+
+at::Tensor unpack_rows16(const at::Tensor& packed, int64_t type, int64_t in) {
+  check_rows16(packed, type, in);
+  at::Tensor out = at::empty({packed.size(0) * kGroupRows, packed.size(1) / kGroupRows}, packed.options());
+  rows16_unpack(packed.data_ptr<uint8_t>(), static_cast<int>(type), out.size(0), in,
+                out.data_ptr<uint8_t>());
+  return out;
+}
+
+// linear_int8 over rows16 tiles: the same quantized activations and terms, every row count
+// through one kernel (its dequantization of a tile serves up to 4 activation rows; even at 16
+// rows it is ahead of the float fallback above). AVX-512 VNNI only.
+at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t in) {
+  check_rows16(packed, type, in);
+  TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
+              in, "]");
+  TORCH_CHECK(cpu_has(kInt8 + kAvx512), "rows16: this CPU has no AVX-512 VNNI");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const int64_t groups = packed.size(0), out = groups * kGroupRows, rows = xf.numel() / in;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out;
+  at::Tensor y = at::empty(shape, xf.options());
+  if (rows == 0 || out == 0) return y.to(x.scalar_type());
+#if defined(__x86_64__)
+  const Rows16Args args{static_cast<int>(type), packed.data_ptr<uint8_t>(), in,
+                        quantized(xf, rows, in, kAvx512, false), rows, y.data_ptr<float>(), out};
+  const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows * kGroupRows));
+  at::parallel_for(0, groups, grain, [&](int64_t b, int64_t e) { rows16_vnni512(args, b, e); });
+#endif
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
@@ -188,12 +254,18 @@ TORCH_LIBRARY(kvledger_quant, m) {
   m.def("linear(Tensor x, Tensor blocks, int ggml_type, int in_features, int isa=0) -> Tensor");
   m.def("dequantize(Tensor blocks, int ggml_type, int in_features, Tensor? ids=None) -> Tensor");
   m.def("linear_int8(Tensor x, Tensor blocks, int ggml_type, int in_features, int isa=0) -> Tensor");
+  m.def("pack_rows16(Tensor blocks, int ggml_type, int in_features) -> Tensor");
+  m.def("unpack_rows16(Tensor tiles, int ggml_type, int in_features) -> Tensor");
+  m.def("linear_int8_rows16(Tensor x, Tensor tiles, int ggml_type, int in_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kvledger_quant, CPU, m) {
   m.impl("linear", &linear);
   m.impl("dequantize", &dequantize);
   m.impl("linear_int8", &linear_int8);
+  m.impl("pack_rows16", &pack_rows16);
+  m.impl("unpack_rows16", &unpack_rows16);
+  m.impl("linear_int8_rows16", &linear_int8_rows16);
 }
 
 }  // namespace kvledger::quant

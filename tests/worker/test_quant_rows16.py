@@ -1,0 +1,125 @@
+"""The rows16 layout (worker/csrc/quant/rows16.h) and its int8 kernel.
+
+Packing is a permutation of bytes: it must round-trip exactly, and a layer holding tiles must
+dequantize to the very weight it was given. The kernel must compute what the per-row int8
+kernels compute (the rule of tests/worker/test_quant_int8.py, within its bound) at every row
+count, and a layer takes the tiles only where the CPU runs the kernel and the blocks are its
+own (never those of an embedding its head is tied to).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+
+from tests.worker.quant_helpers import int8_activations, int8_rule, quantized
+from worker.quant import kernels
+from worker.quant.layers import QuantizedEmbedding, QuantizedLinear
+
+Q4 = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1]
+SHAPES = [(16, 32), (48, 96), (208, 576), (64, 1536)]
+ROWS = [1, 2, 3, 4, 5, 9, 33]  # tiles of 4 activation rows and each remainder
+RULE_TOLERANCE = 1e-5
+ops = torch.ops.kvledger_quant
+
+
+@pytest.fixture(scope="module")
+def module(kv_cache_dir):  # noqa: ANN001 - the private cache the build goes to
+    built = kernels.load()
+    assert not isinstance(built, str), built
+    return built
+
+
+def vnni_or_skip(module) -> None:  # noqa: ANN001
+    if not module.cpu_has_int8(kernels.ISAS["avx512"]):
+        pytest.skip("this CPU has no AVX-512 VNNI: layers keep the GGUF rows (tested below)")
+
+
+@pytest.mark.parametrize("qtype", Q4, ids=lambda t: t.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_packing_round_trips(module, qtype, shape) -> None:  # noqa: ANN001
+    out, inp = shape
+    blocks, _ = quantized(out, inp, qtype, seed=out)
+    tiles = ops.pack_rows16(blocks, int(qtype), inp)
+    assert tiles.shape == (out // 16, blocks.shape[1] * 16)  # the same bytes, regrouped
+    assert not torch.equal(tiles.view(-1), blocks.view(-1))
+    assert torch.equal(ops.unpack_rows16(tiles, int(qtype), inp), blocks)
+
+
+def test_packing_refuses_what_it_cannot_hold(module) -> None:  # noqa: ANN001
+    q8, _ = quantized(32, 64, GGMLQuantizationType.Q8_0)
+    with pytest.raises(RuntimeError, match="not Q4_0 or Q4_1"):
+        ops.pack_rows16(q8, int(GGMLQuantizationType.Q8_0), 64)
+    q4, _ = quantized(40, 64, GGMLQuantizationType.Q4_1)
+    with pytest.raises(RuntimeError, match="not a multiple of 16"):
+        ops.pack_rows16(q4, int(GGMLQuantizationType.Q4_1), 64)
+    tiles = ops.pack_rows16(q4[:32].contiguous(), int(GGMLQuantizationType.Q4_1), 64)
+    with pytest.raises(RuntimeError, match="tiles must be"):
+        ops.unpack_rows16(tiles, int(GGMLQuantizationType.Q4_1), 96)
+
+
+@pytest.mark.parametrize("qtype", Q4, ids=lambda t: t.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_kernel_computes_the_int8_rule(module, qtype, shape) -> None:  # noqa: ANN001
+    vnni_or_skip(module)
+    out, inp = shape
+    blocks, w = quantized(out, inp, qtype, seed=inp)
+    layer = QuantizedLinear(inp, blocks, int(qtype), activations="int8")
+    assert layer.rows16 and "rows16" in repr(layer)
+    reference = QuantizedLinear(inp, blocks, int(qtype), isa="scalar", activations="int8")
+    assert not reference.rows16
+    for rows in ROWS:
+        x = int8_activations(rows, inp, rows)
+        got = layer(x).double()
+        xq, d = int8_rule(x)
+        want = xq.double() @ w.double().T
+        scale = want.abs().max().item()
+        assert (got - want).abs().max().item() <= RULE_TOLERANCE * scale, rows
+        assert (got - reference(x).double()).abs().max().item() <= RULE_TOLERANCE * scale, rows
+        bound = (d.double() / 2) @ w.double().abs().view(out, inp // 32, 32).sum(-1).T
+        assert ((got - x.double() @ w.double().T).abs() <= bound + RULE_TOLERANCE * scale).all()
+
+
+def test_a_row_does_not_depend_on_its_batch(module) -> None:  # noqa: ANN001
+    vnni_or_skip(module)
+    qtype = GGMLQuantizationType.Q4_1
+    blocks, _ = quantized(96, 576, qtype, seed=3)
+    layer = QuantizedLinear(576, blocks, int(qtype), activations="int8")
+    x = int8_activations(9, 576, 7)
+    together = layer(x)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])
+    assert (alone - together).abs().max().item() <= RULE_TOLERANCE * together.abs().max().item()
+    assert layer(x.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_layers_take_tiles_only_where_they_run(module) -> None:  # noqa: ANN001
+    vnni = bool(module.cpu_has_int8(kernels.ISAS["avx512"]))
+    q41 = GGMLQuantizationType.Q4_1
+    blocks, w = quantized(48, 64, q41)
+    cases = {
+        (None, "int8"): vnni,
+        ("avx512", "int8"): vnni,
+        ("avx2", "int8"): False,  # a path named by the caller keeps its own layout
+        (None, "float"): False,  # the exact path reads GGUF rows
+    }
+    for (isa, acts), want in cases.items():
+        layer = QuantizedLinear(64, blocks, int(q41), isa=isa, activations=acts)
+        if isa == "avx2" and not module.cpu_has(kernels.ISAS["avx2"]):
+            continue
+        assert layer.rows16 == want, (isa, acts)
+        assert torch.equal(layer.gguf_blocks(), blocks)
+        assert torch.equal(layer.dequantized(), w)
+    odd, _ = quantized(40, 64, q41)  # not whole groups of 16
+    assert not QuantizedLinear(64, odd, int(q41), activations="int8").rows16
+    q8, _ = quantized(48, 64, GGMLQuantizationType.Q8_0)
+    assert not QuantizedLinear(64, q8, int(GGMLQuantizationType.Q8_0), activations="int8").rows16
+
+
+def test_a_tied_head_keeps_the_embeddings_blocks(module) -> None:  # noqa: ANN001
+    q40 = GGMLQuantizationType.Q4_0
+    blocks, w = quantized(64, 64, q40)
+    embed = QuantizedEmbedding(64, blocks, int(q40))
+    head = embed.tied_head(activations="int8")
+    assert not head.rows16 and head.blocks.data_ptr() == embed.blocks.data_ptr()
+    assert torch.equal(embed(torch.tensor([0, 63])), w[[0, 63]])

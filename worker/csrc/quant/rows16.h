@@ -1,0 +1,45 @@
+// The rows16 layout: Q4_0 and Q4_1 weights regrouped sixteen output rows at a time, so that
+// one 512-bit VNNI instruction multiplies four quants of each of sixteen rows by the same
+// four activations (a 32-bit broadcast), and a block's sixteen scales are one conversion.
+//
+// Group g (rows 16g .. 16g+15) holds its blocks in order; block b of the group is a tile of
+//   d[16]    float16, row j's scale                                   (32 bytes)
+//   m[16]    float16, row j's minimum (Q4_1 only)                      (32 bytes)
+//   q[4][64] chunk k: row j's bytes qs[4k .. 4k+3] at 4j .. 4j+3       (256 bytes)
+// so a chunk's low nibbles are values 4k .. 4k+3 of each row and its high nibbles values
+// 16+4k .. 16+4k+3 (blocks.h). A tile is 16 x the block's bytes: the layout costs no memory,
+// and it replaces the GGUF blocks (rows16.cpp converts both ways).
+#pragma once
+
+#include <cstdint>
+
+#include "blocks.h"
+
+namespace kvledger::quant {
+
+constexpr int kGroupRows = 16;
+
+static inline bool rows16_type(int type) { return type == kQ4_0 || type == kQ4_1; }
+
+// Bytes of one tile (16 rows x one block), and where its quants start.
+static inline int64_t rows16_tile_bytes(int type) { return kGroupRows * block_bytes(type); }
+static inline int rows16_quants_at(int type) { return type == kQ4_1 ? 64 : 32; }
+
+// y = dequantize(W) x over the int8 activations `x` (rows [0, rows)), groups [g_begin, g_end).
+struct Rows16Args {
+  int type;
+  const uint8_t* w;  // group g's tiles start at w + g * nb * tile_bytes
+  int64_t in;
+  Int8Acts x;
+  int64_t rows;
+  float* y;  // row r's output o at y[r * ldy + o]
+  int64_t ldy;
+};
+
+// GGUF rows [out, in / 32 blocks] <-> the rows16 layout (out a multiple of 16), byte for byte.
+void rows16_pack(const uint8_t* gguf, int type, int64_t out, int64_t in, uint8_t* dst);
+void rows16_unpack(const uint8_t* src, int type, int64_t out, int64_t in, uint8_t* gguf);
+
+void rows16_vnni512(const Rows16Args& a, int64_t g_begin, int64_t g_end);
+
+}  // namespace kvledger::quant
