@@ -1,9 +1,10 @@
-"""The rows16 layout (worker/csrc/quant/rows16.h) and its int8 kernel.
+"""The rows16 layout (worker/csrc/quant/rows16.h) and its two kernels.
 
 Packing is a permutation of bytes: it must round-trip exactly, and a layer holding tiles must
-dequantize to the very weight it was given. The kernel must compute what the per-row int8
-kernels compute (the rule of tests/worker/test_quant_int8.py, within its bound) at every row
-count, and a layer takes the tiles only where the CPU runs the kernel and the blocks are its
+dequantize to the very weight it was given. The exact kernel must equal the float64 product
+of the dequantized weight up to float32 rounding, as the per-row kernels do; the int8 kernel
+must compute the int8 rule (tests/worker/test_quant_int8.py) within its bound; both at every
+row count. A layer takes the tiles only where the CPU runs the kernel and the blocks are its
 own (never those of an embedding its head is tied to).
 """
 
@@ -20,7 +21,7 @@ from worker.quant.layers import QuantizedEmbedding, QuantizedLinear
 Q4 = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1]
 SHAPES = [(16, 32), (48, 96), (208, 576), (64, 1536)]
 ROWS = [1, 2, 3, 4, 5, 9, 33]  # tiles of 4 activation rows and each remainder
-RULE_TOLERANCE = 1e-5
+RULE_TOLERANCE = 1e-5  # float32 rounding, relative to the output's largest magnitude
 ops = torch.ops.kvledger_quant
 
 
@@ -34,6 +35,11 @@ def module(kv_cache_dir):  # noqa: ANN001 - the private cache the build goes to
 def vnni_or_skip(module) -> None:  # noqa: ANN001
     if not module.cpu_has_int8(kernels.ISAS["avx512"]):
         pytest.skip("this CPU has no AVX-512 VNNI: layers keep the GGUF rows (tested below)")
+
+
+def avx512_or_skip(module) -> None:  # noqa: ANN001
+    if not module.cpu_has(kernels.ISAS["avx512"]):
+        pytest.skip("this CPU has no AVX-512: layers keep the GGUF rows (tested below)")
 
 
 @pytest.mark.parametrize("qtype", Q4, ids=lambda t: t.name)
@@ -61,7 +67,22 @@ def test_packing_refuses_what_it_cannot_hold(module) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize("qtype", Q4, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_kernel_computes_the_int8_rule(module, qtype, shape) -> None:  # noqa: ANN001
+def test_exact_kernel_is_the_float_product(module, qtype, shape) -> None:  # noqa: ANN001
+    avx512_or_skip(module)
+    out, inp = shape
+    blocks, w = quantized(out, inp, qtype, seed=inp)
+    layer = QuantizedLinear(inp, blocks, int(qtype))
+    assert layer.rows16
+    for rows in ROWS:
+        x = int8_activations(rows, inp, rows)  # an all-zero block and an outlier as well
+        want = x.double() @ w.double().T
+        err = (layer(x).double() - want).abs().max().item()
+        assert err <= RULE_TOLERANCE * want.abs().max().item(), (rows, err)
+
+
+@pytest.mark.parametrize("qtype", Q4, ids=lambda t: t.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_int8_kernel_computes_the_int8_rule(module, qtype, shape) -> None:  # noqa: ANN001
     vnni_or_skip(module)
     out, inp = shape
     blocks, w = quantized(out, inp, qtype, seed=inp)
@@ -81,11 +102,16 @@ def test_kernel_computes_the_int8_rule(module, qtype, shape) -> None:  # noqa: A
         assert ((got - x.double() @ w.double().T).abs() <= bound + RULE_TOLERANCE * scale).all()
 
 
-def test_a_row_does_not_depend_on_its_batch(module) -> None:  # noqa: ANN001
-    vnni_or_skip(module)
+@pytest.mark.parametrize("acts", ["float", "int8"])
+def test_a_row_does_not_depend_on_its_batch(module, acts) -> None:  # noqa: ANN001
+    if acts == "int8":
+        vnni_or_skip(module)
+    else:
+        avx512_or_skip(module)
     qtype = GGMLQuantizationType.Q4_1
     blocks, _ = quantized(96, 576, qtype, seed=3)
-    layer = QuantizedLinear(576, blocks, int(qtype), activations="int8")
+    layer = QuantizedLinear(576, blocks, int(qtype), activations=acts)
+    assert layer.rows16
     x = int8_activations(9, 576, 7)
     together = layer(x)
     alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])
@@ -95,13 +121,16 @@ def test_a_row_does_not_depend_on_its_batch(module) -> None:  # noqa: ANN001
 
 def test_layers_take_tiles_only_where_they_run(module) -> None:  # noqa: ANN001
     vnni = bool(module.cpu_has_int8(kernels.ISAS["avx512"]))
+    avx512 = bool(module.cpu_has(kernels.ISAS["avx512"]))
     q41 = GGMLQuantizationType.Q4_1
     blocks, w = quantized(48, 64, q41)
     cases = {
         (None, "int8"): vnni,
         ("avx512", "int8"): vnni,
         ("avx2", "int8"): False,  # a path named by the caller keeps its own layout
-        (None, "float"): False,  # the exact path reads GGUF rows
+        (None, "float"): avx512,
+        ("avx512", "float"): avx512,
+        ("scalar", "float"): False,
     }
     for (isa, acts), want in cases.items():
         layer = QuantizedLinear(64, blocks, int(q41), isa=isa, activations=acts)
@@ -111,15 +140,17 @@ def test_layers_take_tiles_only_where_they_run(module) -> None:  # noqa: ANN001
         assert torch.equal(layer.gguf_blocks(), blocks)
         assert torch.equal(layer.dequantized(), w)
     odd, _ = quantized(40, 64, q41)  # not whole groups of 16
-    assert not QuantizedLinear(64, odd, int(q41), activations="int8").rows16
     q8, _ = quantized(48, 64, GGMLQuantizationType.Q8_0)
-    assert not QuantizedLinear(64, q8, int(GGMLQuantizationType.Q8_0), activations="int8").rows16
+    for acts in ("float", "int8"):
+        assert not QuantizedLinear(64, odd, int(q41), activations=acts).rows16
+        assert not QuantizedLinear(64, q8, int(GGMLQuantizationType.Q8_0), activations=acts).rows16
 
 
 def test_a_tied_head_keeps_the_embeddings_blocks(module) -> None:  # noqa: ANN001
     q40 = GGMLQuantizationType.Q4_0
     blocks, w = quantized(64, 64, q40)
     embed = QuantizedEmbedding(64, blocks, int(q40))
-    head = embed.tied_head(activations="int8")
-    assert not head.rows16 and head.blocks.data_ptr() == embed.blocks.data_ptr()
+    for acts in ("float", "int8"):
+        head = embed.tied_head(activations=acts)
+        assert not head.rows16 and head.blocks.data_ptr() == embed.blocks.data_ptr()
     assert torch.equal(embed(torch.tensor([0, 63])), w[[0, 63]])

@@ -35,6 +35,7 @@ SOURCES = [
         "int8_vnni.cpp",
         "rows16.cpp",
         "rows16_vnni.cpp",
+        "rows16_avx512.cpp",
     )
 ]
 HEADERS = [CSRC / "blocks.h", CSRC / "int8_tile.h", CSRC / "rows16.h"]
@@ -78,15 +79,15 @@ ROWS16_TYPES = (2, 3)  # Q4_0, Q4_1 (worker/csrc/quant/rows16.h)
 
 
 def rows16_runs(ggml_type: int, out_features: int, activations: str, isa: int) -> bool:
-    """Whether an int8-activation layer of this type and size runs on rows16 tiles here: an
-    AVX-512 VNNI CPU, the isa left to the CPU (or naming AVX-512), whole groups of 16 rows."""
-    return (
-        activations == "int8"
-        and ggml_type in ROWS16_TYPES
-        and out_features % 16 == 0
-        and isa in (ISAS["auto"], ISAS["avx512"])
-        and bool(require().cpu_has_int8(ISAS["avx512"]))
-    )
+    """Whether a layer of this type and size runs on rows16 tiles here: whole groups of 16
+    rows, the isa left to the CPU (or naming AVX-512), and an AVX-512 CPU (with VNNI for
+    int8 activations)."""
+    if ggml_type not in ROWS16_TYPES or out_features % 16 or isa not in (0, ISAS["avx512"]):
+        return False
+    module = require()
+    if activations == "int8":
+        return bool(module.cpu_has_int8(ISAS["avx512"]))
+    return bool(module.cpu_has(ISAS["avx512"]))
 
 
 def isa_from_env() -> int:
@@ -119,4 +120,5 @@ def _register_fakes() -> None:
     ) -> torch.Tensor:
         return x.new_empty(*x.shape[:-1], tiles.shape[0] * 16)
 
+    torch.library.register_fake("kvledger_quant::linear_rows16", linear_rows16)
     torch.library.register_fake("kvledger_quant::linear_int8_rows16", linear_rows16)

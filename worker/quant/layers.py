@@ -9,10 +9,12 @@ layers it replaces (`PackedLinear.split` included), so the forward pass does not
 With `activations="int8"` the layer runs `torch.ops.kvledger_quant.linear_int8` instead: each
 input row is quantized to int8 per block of 32 (as llama.cpp's Q8 activations) and multiplied
 by integer dot products (AVX-512 VNNI where the CPU has it): faster at a decode step, and off
-the exact product by the activations' rounding (docs/architecture.md states the bound). On an
-AVX-512 VNNI CPU a Q4_0/Q4_1 layer of such kind regroups its blocks sixteen rows at a time
-(`worker/csrc/quant/rows16.h`: the same bytes, no second copy) for a kernel that spends under
-a cycle a weight block where the GGUF layout's takes ~6 (`linear_int8_rows16`).
+the exact product by the activations' rounding (docs/architecture.md states the bound).
+
+On an AVX-512 CPU (with VNNI for int8 activations) a Q4_0/Q4_1 layer of whole groups of 16
+rows regroups its blocks sixteen rows at a time (`worker/csrc/quant/rows16.h`: the same bytes,
+no second copy) for kernels that spend a fraction of the per-row kernels' cycles a block
+(`linear_rows16`, `linear_int8_rows16`); `gguf_blocks()` gives the GGUF rows back.
 
 `QuantizedEmbedding` looks token ids up by dequantizing just their rows; a tied LM head is a
 `QuantizedLinear` over the same buffer (one copy of the blocks serves both).
@@ -30,6 +32,12 @@ from worker.quant.formats import format_of
 ACTIVATIONS = {
     "float": lambda: torch.ops.kvledger_quant.linear,
     "int8": lambda: torch.ops.kvledger_quant.linear_int8,
+}
+
+# the same over rows16 tiles (Q4_0/Q4_1 on AVX-512: worker/csrc/quant/rows16.h)
+ROWS16_OPS = {
+    "float": lambda: torch.ops.kvledger_quant.linear_rows16,
+    "int8": lambda: torch.ops.kvledger_quant.linear_int8_rows16,
 }
 
 
@@ -94,12 +102,11 @@ class QuantizedLinear(nn.Module):
             self.blocks = torch.ops.kvledger_quant.pack_rows16(
                 self.blocks, self.ggml_type, in_features
             )
+            self.rows16_op = ROWS16_OPS[activations]()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rows16:
-            y = torch.ops.kvledger_quant.linear_int8_rows16(
-                x, self.blocks, self.ggml_type, self.in_features
-            )
+            y = self.rows16_op(x, self.blocks, self.ggml_type, self.in_features)
         else:
             y = self.op(x, self.blocks, self.ggml_type, self.in_features, self.isa)
         return y if self.bias is None else y + self.bias

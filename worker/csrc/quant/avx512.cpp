@@ -16,6 +16,7 @@ namespace kvledger::quant {
 namespace {
 
 constexpr int kRows = 8;
+constexpr int64_t kPrefetch = 2048;
 constexpr int64_t kOutChunk = 64;  // weight rows kept hot in L1/L2 while every row tile passes
 
 static inline float scale(const uint8_t* p) { return _cvtsh_ss(read_u16(p)); }
@@ -67,6 +68,7 @@ void tile(const LinearArgs& a, const float* x, float* y, int64_t o_begin, int64_
   const int64_t nb = a.in / kBlock;
   for (int64_t o = o_begin; o < o_end; ++o) {
     const uint8_t* row = a.w + o * a.row_bytes;
+    for (int64_t l = 0; l < a.row_bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetch + l), _MM_HINT_T0);
     __m512 acc0[R], acc1[R];
     for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {

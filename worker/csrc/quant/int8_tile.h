@@ -11,6 +11,7 @@
 // Nothing here may be included outside such a file: it is compiled for that target only.
 
 constexpr int kInt8Rows = 4;
+constexpr int64_t kInt8Prefetch = 2048;
 constexpr int64_t kInt8OutChunk = 64;  // weight rows kept hot while every row tile passes
 
 static inline __m256i nibbles32(const uint8_t* qs) {
@@ -83,6 +84,7 @@ void int8_tile(const Int8Args& a, int64_t r0, int64_t o_begin, int64_t o_end) {
   const float* sv = a.x.sv + r0 * nb * 8;
   for (int64_t o = o_begin; o < o_end; ++o) {
     const uint8_t* row = a.w + o * a.row_bytes;
+    for (int64_t l = 0; l < a.row_bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(row + kInt8Prefetch + l), _MM_HINT_T0);
     __m256 acc0[R], acc1[R], cacc0[R], cacc1[R];
     for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = cacc0[r] = cacc1[r] = _mm256_setzero_ps();
     int64_t b = 0;

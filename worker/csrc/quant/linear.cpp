@@ -225,6 +225,36 @@ at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
+// linear over rows16 tiles: the exact path (float activations), AVX-512F.
+at::Tensor linear_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t in) {
+  check_rows16(packed, type, in);
+  TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
+              in, "]");
+  TORCH_CHECK(cpu_has(kAvx512), "rows16: this CPU has no AVX-512");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const int64_t groups = packed.size(0), out = groups * kGroupRows, rows = xf.numel() / in;
+  const int64_t nb = in / kBlock;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out;
+  at::Tensor y = at::empty(shape, xf.options());
+  if (rows == 0 || out == 0) return y.to(x.scalar_type());
+  thread_local std::vector<float> sx;  // each row's block sums (the Q4 minimum's, offset's term)
+  sx.resize(rows * nb);
+  const float* xp = xf.data_ptr<float>();
+  for (int64_t i = 0; i < rows * nb; ++i) {
+    float s = 0.f;
+    for (int j = 0; j < kBlock; ++j) s += xp[i * kBlock + j];
+    sx[i] = s;
+  }
+#if defined(__x86_64__)
+  const Rows16FloatArgs args{static_cast<int>(type), packed.data_ptr<uint8_t>(), in, xp, in,
+                             sx.data(), rows, y.data_ptr<float>(), out};
+  const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows * kGroupRows));
+  at::parallel_for(0, groups, grain, [&](int64_t b, int64_t e) { rows16_avx512(args, b, e); });
+#endif
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
 at::Tensor dequantize(const at::Tensor& blocks, int64_t type, int64_t in,
                       const std::optional<at::Tensor>& ids) {
   check_blocks(blocks, type, in);
@@ -256,6 +286,7 @@ TORCH_LIBRARY(kvledger_quant, m) {
   m.def("linear_int8(Tensor x, Tensor blocks, int ggml_type, int in_features, int isa=0) -> Tensor");
   m.def("pack_rows16(Tensor blocks, int ggml_type, int in_features) -> Tensor");
   m.def("unpack_rows16(Tensor tiles, int ggml_type, int in_features) -> Tensor");
+  m.def("linear_rows16(Tensor x, Tensor tiles, int ggml_type, int in_features) -> Tensor");
   m.def("linear_int8_rows16(Tensor x, Tensor tiles, int ggml_type, int in_features) -> Tensor");
 }
 
@@ -265,6 +296,7 @@ TORCH_LIBRARY_IMPL(kvledger_quant, CPU, m) {
   m.impl("linear_int8", &linear_int8);
   m.impl("pack_rows16", &pack_rows16);
   m.impl("unpack_rows16", &unpack_rows16);
+  m.impl("linear_rows16", &linear_rows16);
   m.impl("linear_int8_rows16", &linear_int8_rows16);
 }
 

@@ -1,6 +1,10 @@
 // The rows16 layout: Q4_0 and Q4_1 weights regrouped sixteen output rows at a time, so that
-// one 512-bit VNNI instruction multiplies four quants of each of sixteen rows by the same
-// four activations (a 32-bit broadcast), and a block's sixteen scales are one conversion.
+// each 32-bit lane of a 512-bit register holds quants of one of sixteen rows: one VNNI
+// instruction multiplies four quants of each row by the same four int8 activations (a 32-bit
+// broadcast; rows16_vnni.cpp), or a shift and a table lookup make one value of each row a
+// float for one FMA (rows16_avx512.cpp, the exact path); a block's sixteen scales are one
+// conversion. Both kernels prefetch the tiles 2 KiB ahead: the hardware prefetcher stops at
+// each 4 KiB page, and without it a decode step's weights streamed at half the speed.
 //
 // Group g (rows 16g .. 16g+15) holds its blocks in order; block b of the group is a tile of
 //   d[16]    float16, row j's scale                                   (32 bytes)
@@ -36,10 +40,25 @@ struct Rows16Args {
   int64_t ldy;
 };
 
+// y = dequantize(W) x over float activations (the exact path), rows [0, rows), groups
+// [g_begin, g_end); sx[r * nb + b] is the sum of row r's block b.
+struct Rows16FloatArgs {
+  int type;
+  const uint8_t* w;
+  int64_t in;
+  const float* x;  // row r at x + r * ldx
+  int64_t ldx;
+  const float* sx;
+  int64_t rows;
+  float* y;
+  int64_t ldy;
+};
+
 // GGUF rows [out, in / 32 blocks] <-> the rows16 layout (out a multiple of 16), byte for byte.
 void rows16_pack(const uint8_t* gguf, int type, int64_t out, int64_t in, uint8_t* dst);
 void rows16_unpack(const uint8_t* src, int type, int64_t out, int64_t in, uint8_t* gguf);
 
 void rows16_vnni512(const Rows16Args& a, int64_t g_begin, int64_t g_end);
+void rows16_avx512(const Rows16FloatArgs& a, int64_t g_begin, int64_t g_end);
 
 }  // namespace kvledger::quant

@@ -22,6 +22,7 @@ namespace {
 
 constexpr int kRows = 4;           // activation rows per pass over a group's tiles
 constexpr int64_t kGroupChunk = 4;  // groups (64 weight rows) kept hot while every row passes
+constexpr int64_t kPrefetch = 2048;  // bytes ahead: the hardware prefetcher stops at each 4 KiB page
 
 static inline __m512i bcast4(const int8_t* p) {
   int32_t v;
@@ -41,6 +42,7 @@ void group(const Rows16Args& a, int64_t r0, int64_t g) {
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
     __m512 mw = _mm512_setzero_ps();
     if constexpr (kQ41) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
+    for (int64_t l = 0; l < tile; l += 64) _mm_prefetch(reinterpret_cast<const char*>(t + kPrefetch + l), _MM_HINT_T0);
     __m512i lo[4], hi[4];
     for (int k = 0; k < 4; ++k) {
       const __m512i c = _mm512_loadu_si512(t + qat + 64 * k);
