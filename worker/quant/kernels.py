@@ -27,6 +27,7 @@ SOURCES = [
     CSRC / name
     for name in (
         "linear.cpp",
+        "rows16_ops.cpp",
         "scalar.cpp",
         "avx2.cpp",
         "avx512.cpp",
@@ -38,7 +39,7 @@ SOURCES = [
         "rows16_avx512.cpp",
     )
 ]
-HEADERS = [CSRC / "blocks.h", CSRC / "int8_tile.h", CSRC / "rows16.h"]
+HEADERS = [CSRC / "blocks.h", CSRC / "int8_tile.h", CSRC / "rows16.h", CSRC / "ops.h"]
 ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
 ISA_ENV = "KVLEDGER_QUANT_ISA"
 _lock = threading.Lock()

@@ -1,5 +1,6 @@
-// The torch face of the quantized kernels: the `kvledger_quant` operators, the choice of
-// instruction set at run time, and the split of output rows across torch's threads.
+// The torch face of the quantized kernels over GGUF rows (the rows16 tiles: rows16_ops.cpp):
+// the `kvledger_quant` operators, the choice of instruction set at run time, and the split of
+// output rows across torch's threads.
 //
 //   kvledger_quant::linear(x [..., in] float, blocks uint8 [out, in / 32 * block bytes],
 //                          ggml_type, in_features, isa) -> y [..., out] in x's dtype
@@ -19,17 +20,9 @@
 #include <torch/extension.h>
 
 #include "blocks.h"
-#include "rows16.h"
+#include "ops.h"
 
 namespace kvledger::quant {
-namespace {
-
-enum Isa : int64_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
-constexpr int64_t kInt8 = 16;  // added to an isa: the int8-activation kernels' requirements
-
-// A thread's share must hold at least this many multiply-adds: waking the pool for less costs
-// more than it saves (a 256x256 product at one row stays on the calling thread).
-constexpr int64_t kMinWorkPerTask = 1 << 16;
 
 // From this many rows on, linear_int8 multiplies its quantized activations in float (see there):
 // the integer kernel pays a scale per block and row, the float one dequantizes a block once
@@ -55,6 +48,44 @@ bool cpu_has(int64_t isa) {
 #endif
 }
 
+// x's rows quantized per block (blocks.h, `Int8Acts`) into the calling thread's scratch, kept
+// between calls (a decode step makes ~100 of them); `vectors`: fill dv and sv too (the per-row
+// kernels read them, the float fallback and rows16 do not).
+Int8Acts quantized(const at::Tensor& xf, int64_t rows, int64_t in, int64_t isa, bool vectors) {
+  const int64_t nb = in / kBlock;
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> scales;
+  q.resize(rows * in);
+  scales.resize(18 * rows * nb);  // d, sd, then dv and sv (8 floats a block each)
+  float *d = scales.data(), *sd = d + rows * nb, *dv = sd + rows * nb, *sv = dv + 8 * rows * nb;
+  auto quantize = &quantize_acts;
+#if defined(__x86_64__)
+  if (isa != kScalar) quantize = &quantize_acts_avx2;
+#endif
+  quantize(xf.data_ptr<float>(), rows, in, q.data(), d, sd);
+  for (int64_t i = 0; vectors && i < rows * nb; ++i) {
+    for (int k = 0; k < 8; ++k) {
+      dv[8 * i + k] = d[i];
+      sv[8 * i + k] = sd[i] * 0.125f;
+    }
+  }
+  return Int8Acts{q.data(), d, sd, dv, sv};
+}
+
+void check_blocks(const at::Tensor& blocks, int64_t type, int64_t in) {
+  const int bytes = block_bytes(static_cast<int>(type));
+  TORCH_CHECK(bytes > 0, "quantized linear: ggml type ", type, " is not Q8_0, Q4_0 or Q4_1");
+  TORCH_CHECK(in > 0 && in % kBlock == 0, "quantized linear: in_features ", in,
+              " is not a positive multiple of ", kBlock);
+  TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == at::kByte && blocks.dim() == 2 &&
+                  blocks.is_contiguous(),
+              "quantized linear: blocks must be a contiguous CPU uint8 tensor [out, bytes]");
+  TORCH_CHECK(blocks.size(1) == in / kBlock * bytes, "quantized linear: rows of ",
+              blocks.size(1), " bytes do not hold ", in, " values of type ", type);
+}
+
+namespace {
+
 int64_t best_isa() {
   static const int64_t best = cpu_has(kAvx512) ? kAvx512 : cpu_has(kAvx2) ? kAvx2 : kScalar;
   return best;
@@ -69,18 +100,6 @@ LinearKernel kernel_for(int64_t isa) {
   if (isa == kAvx2) return &linear_avx2;
 #endif
   return &linear_scalar;
-}
-
-void check_blocks(const at::Tensor& blocks, int64_t type, int64_t in) {
-  const int bytes = block_bytes(static_cast<int>(type));
-  TORCH_CHECK(bytes > 0, "quantized linear: ggml type ", type, " is not Q8_0, Q4_0 or Q4_1");
-  TORCH_CHECK(in > 0 && in % kBlock == 0, "quantized linear: in_features ", in,
-              " is not a positive multiple of ", kBlock);
-  TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == at::kByte && blocks.dim() == 2 &&
-                  blocks.is_contiguous(),
-              "quantized linear: blocks must be a contiguous CPU uint8 tensor [out, bytes]");
-  TORCH_CHECK(blocks.size(1) == in / kBlock * bytes, "quantized linear: rows of ",
-              blocks.size(1), " bytes do not hold ", in, " values of type ", type);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t in,
@@ -105,30 +124,6 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, i
 int64_t best_int8_isa() {
   static const int64_t best = cpu_has(kInt8 + kAvx512) ? kAvx512 : cpu_has(kAvx2) ? kAvx2 : kScalar;
   return best;
-}
-
-// x's rows quantized per block (blocks.h, `Int8Acts`) into the calling thread's scratch, kept
-// between calls (a decode step makes ~100 of them); `vectors`: fill dv and sv too (the per-row
-// kernels read them, the float fallback and rows16 do not).
-Int8Acts quantized(const at::Tensor& xf, int64_t rows, int64_t in, int64_t isa, bool vectors) {
-  const int64_t nb = in / kBlock;
-  thread_local std::vector<int8_t> q;
-  thread_local std::vector<float> scales;
-  q.resize(rows * in);
-  scales.resize(18 * rows * nb);  // d, sd, then dv and sv (8 floats a block each)
-  float *d = scales.data(), *sd = d + rows * nb, *dv = sd + rows * nb, *sv = dv + 8 * rows * nb;
-  auto quantize = &quantize_acts;
-#if defined(__x86_64__)
-  if (isa != kScalar) quantize = &quantize_acts_avx2;
-#endif
-  quantize(xf.data_ptr<float>(), rows, in, q.data(), d, sd);
-  for (int64_t i = 0; vectors && i < rows * nb; ++i) {
-    for (int k = 0; k < 8; ++k) {
-      dv[8 * i + k] = d[i];
-      sv[8 * i + k] = sd[i] * 0.125f;
-    }
-  }
-  return Int8Acts{q.data(), d, sd, dv, sv};
 }
 
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t in,
@@ -172,89 +167,6 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t ty
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
-// The rows16 layout (rows16.h): GGUF rows -> tiles, and back (for dequantizing, and tests).
-at::Tensor pack_rows16(const at::Tensor& blocks, int64_t type, int64_t in) {
-  check_blocks(blocks, type, in);
-  TORCH_CHECK(rows16_type(static_cast<int>(type)), "rows16: ggml type ", type, " is not Q4_0 or Q4_1");
-  TORCH_CHECK(blocks.size(0) % kGroupRows == 0, "rows16: ", blocks.size(0),
-              " rows are not a multiple of ", kGroupRows);
-  at::Tensor out = at::empty({blocks.size(0) / kGroupRows, blocks.size(1) * kGroupRows}, blocks.options());
-  rows16_pack(blocks.data_ptr<uint8_t>(), static_cast<int>(type), blocks.size(0), in,
-              out.data_ptr<uint8_t>());
-  return out;
-}
-
-void check_rows16(const at::Tensor& packed, int64_t type, int64_t in) {
-  TORCH_CHECK(rows16_type(static_cast<int>(type)), "rows16: ggml type ", type, " is not Q4_0 or Q4_1");
-  TORCH_CHECK(in > 0 && in % kBlock == 0, "rows16: in_features ", in, " is not a positive multiple of ",
-              kBlock);
-  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == at::kByte && packed.dim() == 2 &&
-                  packed.is_contiguous() &&
-                  packed.size(1) == in / kBlock * rows16_tile_bytes(static_cast<int>(type)),
-              "rows16: tiles must be a contiguous CPU uint8 tensor [out / 16, in / 32 * tile bytes]");
-}
-
-at::Tensor unpack_rows16(const at::Tensor& packed, int64_t type, int64_t in) {
-  check_rows16(packed, type, in);
-  at::Tensor out = at::empty({packed.size(0) * kGroupRows, packed.size(1) / kGroupRows}, packed.options());
-  rows16_unpack(packed.data_ptr<uint8_t>(), static_cast<int>(type), out.size(0), in,
-                out.data_ptr<uint8_t>());
-  return out;
-}
-
-// linear_int8 over rows16 tiles: the same quantized activations and terms, every row count
-// through one kernel (its dequantization of a tile serves up to 4 activation rows; even at 16
-// rows it is ahead of the float fallback above). AVX-512 VNNI only.
-at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t in) {
-  check_rows16(packed, type, in);
-  TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
-              in, "]");
-  TORCH_CHECK(cpu_has(kInt8 + kAvx512), "rows16: this CPU has no AVX-512 VNNI");
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const int64_t groups = packed.size(0), out = groups * kGroupRows, rows = xf.numel() / in;
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = out;
-  at::Tensor y = at::empty(shape, xf.options());
-  if (rows == 0 || out == 0) return y.to(x.scalar_type());
-#if defined(__x86_64__)
-  const Rows16Args args{static_cast<int>(type), packed.data_ptr<uint8_t>(), in,
-                        quantized(xf, rows, in, kAvx512, false), rows, y.data_ptr<float>(), out};
-  const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows * kGroupRows));
-  at::parallel_for(0, groups, grain, [&](int64_t b, int64_t e) { rows16_vnni512(args, b, e); });
-#endif
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
-}
-
-// linear over rows16 tiles: the exact path (float activations), AVX-512F.
-at::Tensor linear_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t in) {
-  check_rows16(packed, type, in);
-  TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
-              in, "]");
-  TORCH_CHECK(cpu_has(kAvx512), "rows16: this CPU has no AVX-512");
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const int64_t groups = packed.size(0), out = groups * kGroupRows, rows = xf.numel() / in;
-  const int64_t nb = in / kBlock;
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = out;
-  at::Tensor y = at::empty(shape, xf.options());
-  if (rows == 0 || out == 0) return y.to(x.scalar_type());
-  thread_local std::vector<float> sx;  // each row's block sums (the Q4 minimum's, offset's term)
-  sx.resize(rows * nb);
-  const float* xp = xf.data_ptr<float>();
-  for (int64_t i = 0; i < rows * nb; ++i) {
-    float s = 0.f;
-    for (int j = 0; j < kBlock; ++j) s += xp[i * kBlock + j];
-    sx[i] = s;
-  }
-#if defined(__x86_64__)
-  const Rows16FloatArgs args{static_cast<int>(type), packed.data_ptr<uint8_t>(), in, xp, in,
-                             sx.data(), rows, y.data_ptr<float>(), out};
-  const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows * kGroupRows));
-  at::parallel_for(0, groups, grain, [&](int64_t b, int64_t e) { rows16_avx512(args, b, e); });
-#endif
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
-}
-
 at::Tensor dequantize(const at::Tensor& blocks, int64_t type, int64_t in,
                       const std::optional<at::Tensor>& ids) {
   check_blocks(blocks, type, in);
@@ -284,20 +196,12 @@ TORCH_LIBRARY(kvledger_quant, m) {
   m.def("linear(Tensor x, Tensor blocks, int ggml_type, int in_features, int isa=0) -> Tensor");
   m.def("dequantize(Tensor blocks, int ggml_type, int in_features, Tensor? ids=None) -> Tensor");
   m.def("linear_int8(Tensor x, Tensor blocks, int ggml_type, int in_features, int isa=0) -> Tensor");
-  m.def("pack_rows16(Tensor blocks, int ggml_type, int in_features) -> Tensor");
-  m.def("unpack_rows16(Tensor tiles, int ggml_type, int in_features) -> Tensor");
-  m.def("linear_rows16(Tensor x, Tensor tiles, int ggml_type, int in_features) -> Tensor");
-  m.def("linear_int8_rows16(Tensor x, Tensor tiles, int ggml_type, int in_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kvledger_quant, CPU, m) {
   m.impl("linear", &linear);
   m.impl("dequantize", &dequantize);
   m.impl("linear_int8", &linear_int8);
-  m.impl("pack_rows16", &pack_rows16);
-  m.impl("unpack_rows16", &unpack_rows16);
-  m.impl("linear_rows16", &linear_rows16);
-  m.impl("linear_int8_rows16", &linear_int8_rows16);
 }
 
 }  // namespace kvledger::quant

@@ -1,0 +1,27 @@
+// What the torch-facing files of the quantized kernels share (linear.cpp, rows16_ops.cpp): the
+// instruction-set codes, the CPU check, the blocks' check and the activation quantizer.
+#pragma once
+
+#include <torch/extension.h>
+
+#include "blocks.h"
+
+namespace kvledger::quant {
+
+enum Isa : int64_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
+constexpr int64_t kInt8 = 16;  // added to an isa: the int8-activation kernels' requirements
+
+// A thread's share must hold at least this many multiply-adds: waking the pool for less costs
+// more than it saves (a 256x256 product at one row stays on the calling thread).
+constexpr int64_t kMinWorkPerTask = 1 << 16;
+
+// Whether this CPU runs `isa` (kInt8 + isa: the int8-activation path of that isa).
+bool cpu_has(int64_t isa);
+
+// blocks: a contiguous CPU uint8 [out, in / 32 * block bytes] of a known type, or an error.
+void check_blocks(const at::Tensor& blocks, int64_t type, int64_t in);
+
+// xf's rows quantized per block (blocks.h, `Int8Acts`) into the calling thread's scratch.
+Int8Acts quantized(const at::Tensor& xf, int64_t rows, int64_t in, int64_t isa, bool vectors);
+
+}  // namespace kvledger::quant

@@ -1,0 +1,117 @@
+// The torch face of the rows16 layout (rows16.h): the operators
+//
+//   kvledger_quant::pack_rows16(blocks, ggml_type, in_features) -> tiles [out / 16, ...]
+//   kvledger_quant::unpack_rows16(tiles, ggml_type, in_features) -> GGUF rows [out, ...]
+//   kvledger_quant::linear_rows16(x, tiles, ggml_type, in_features) -> y   (exact, AVX-512F)
+//   kvledger_quant::linear_int8_rows16(x, tiles, ggml_type, in_features) -> y   (AVX-512 VNNI)
+//
+// with the same contracts as linear.cpp's `linear` and `linear_int8` over GGUF rows.
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include "ops.h"
+#include "rows16.h"
+
+namespace kvledger::quant {
+namespace {
+
+// The rows16 layout (rows16.h): GGUF rows -> tiles, and back (for dequantizing, and tests).
+at::Tensor pack_rows16(const at::Tensor& blocks, int64_t type, int64_t in) {
+  check_blocks(blocks, type, in);
+  TORCH_CHECK(rows16_type(static_cast<int>(type)), "rows16: ggml type ", type, " is not Q4_0 or Q4_1");
+  TORCH_CHECK(blocks.size(0) % kGroupRows == 0, "rows16: ", blocks.size(0),
+              " rows are not a multiple of ", kGroupRows);
+  at::Tensor out = at::empty({blocks.size(0) / kGroupRows, blocks.size(1) * kGroupRows}, blocks.options());
+  rows16_pack(blocks.data_ptr<uint8_t>(), static_cast<int>(type), blocks.size(0), in,
+              out.data_ptr<uint8_t>());
+  return out;
+}
+
+void check_rows16(const at::Tensor& packed, int64_t type, int64_t in) {
+  TORCH_CHECK(rows16_type(static_cast<int>(type)), "rows16: ggml type ", type, " is not Q4_0 or Q4_1");
+  TORCH_CHECK(in > 0 && in % kBlock == 0, "rows16: in_features ", in, " is not a positive multiple of ",
+              kBlock);
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == at::kByte && packed.dim() == 2 &&
+                  packed.is_contiguous() &&
+                  packed.size(1) == in / kBlock * rows16_tile_bytes(static_cast<int>(type)),
+              "rows16: tiles must be a contiguous CPU uint8 tensor [out / 16, in / 32 * tile bytes]");
+}
+
+at::Tensor unpack_rows16(const at::Tensor& packed, int64_t type, int64_t in) {
+  check_rows16(packed, type, in);
+  at::Tensor out = at::empty({packed.size(0) * kGroupRows, packed.size(1) / kGroupRows}, packed.options());
+  rows16_unpack(packed.data_ptr<uint8_t>(), static_cast<int>(type), out.size(0), in,
+                out.data_ptr<uint8_t>());
+  return out;
+}
+
+// linear_int8 over rows16 tiles: the same quantized activations and terms, every row count
+// through one kernel (its dequantization of a tile serves up to 4 activation rows; even at 16
+// rows it is ahead of the float fallback above). AVX-512 VNNI only.
+at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t in) {
+  check_rows16(packed, type, in);
+  TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
+              in, "]");
+  TORCH_CHECK(cpu_has(kInt8 + kAvx512), "rows16: this CPU has no AVX-512 VNNI");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const int64_t groups = packed.size(0), out = groups * kGroupRows, rows = xf.numel() / in;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out;
+  at::Tensor y = at::empty(shape, xf.options());
+  if (rows == 0 || out == 0) return y.to(x.scalar_type());
+#if defined(__x86_64__)
+  const Rows16Args args{static_cast<int>(type), packed.data_ptr<uint8_t>(), in,
+                        quantized(xf, rows, in, kAvx512, false), rows, y.data_ptr<float>(), out};
+  const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows * kGroupRows));
+  at::parallel_for(0, groups, grain, [&](int64_t b, int64_t e) { rows16_vnni512(args, b, e); });
+#endif
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+// linear over rows16 tiles: the exact path (float activations), AVX-512F.
+at::Tensor linear_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t in) {
+  check_rows16(packed, type, in);
+  TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
+              in, "]");
+  TORCH_CHECK(cpu_has(kAvx512), "rows16: this CPU has no AVX-512");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const int64_t groups = packed.size(0), out = groups * kGroupRows, rows = xf.numel() / in;
+  const int64_t nb = in / kBlock;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out;
+  at::Tensor y = at::empty(shape, xf.options());
+  if (rows == 0 || out == 0) return y.to(x.scalar_type());
+  thread_local std::vector<float> sx;  // each row's block sums (the Q4 minimum's, offset's term)
+  sx.resize(rows * nb);
+  const float* xp = xf.data_ptr<float>();
+  for (int64_t i = 0; i < rows * nb; ++i) {
+    float s = 0.f;
+    for (int j = 0; j < kBlock; ++j) s += xp[i * kBlock + j];
+    sx[i] = s;
+  }
+#if defined(__x86_64__)
+  const Rows16FloatArgs args{static_cast<int>(type), packed.data_ptr<uint8_t>(), in, xp, in,
+                             sx.data(), rows, y.data_ptr<float>(), out};
+  const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows * kGroupRows));
+  at::parallel_for(0, groups, grain, [&](int64_t b, int64_t e) { rows16_avx512(args, b, e); });
+#endif
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kvledger_quant, m) {
+  m.def("pack_rows16(Tensor blocks, int ggml_type, int in_features) -> Tensor");
+  m.def("unpack_rows16(Tensor tiles, int ggml_type, int in_features) -> Tensor");
+  m.def("linear_rows16(Tensor x, Tensor tiles, int ggml_type, int in_features) -> Tensor");
+  m.def("linear_int8_rows16(Tensor x, Tensor tiles, int ggml_type, int in_features) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(kvledger_quant, CPU, m) {
+  m.impl("pack_rows16", &pack_rows16);
+  m.impl("unpack_rows16", &unpack_rows16);
+  m.impl("linear_rows16", &linear_rows16);
+  m.impl("linear_int8_rows16", &linear_int8_rows16);
+}
+
+}  // namespace kvledger::quant
