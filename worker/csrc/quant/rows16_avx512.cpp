@@ -8,7 +8,7 @@
 //   Q4_1: y += dw * sum(q x) + mw * sum(x)        Q4_0: y += dw * (sum(q x) - 8 * sum(x))
 // which is sum((dw q + mw) x) up to the order of the float sums: the exact path's contract
 // (linear.cpp). ~3 cycles a row-block at one row, where the per-row kernel spends ~9.
-// Function-level target, chosen at run time where the CPU reports AVX-512F (linear.cpp).
+// Function-level target, chosen at run time where the CPU reports AVX-512F (rows16_ops.cpp).
 #include "rows16.h"
 
 #if defined(__x86_64__)

@@ -8,7 +8,7 @@
 // (blocks.h, `Int8Args`, the same terms as the per-row kernels). Where the GGUF layout's
 // kernel spends ~6 cycles a row-block at one activation row, this one spends under one: the
 // product then streams its weights at memory speed. Function-level target, chosen at run time
-// only where the CPU reports avx512_vnni (linear.cpp).
+// only where the CPU reports avx512_vnni (rows16_ops.cpp).
 #include "rows16.h"
 
 #if defined(__x86_64__)
