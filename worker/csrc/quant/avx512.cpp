@@ -16,7 +16,7 @@ namespace kvledger::quant {
 namespace {
 
 constexpr int kRows = 8;
-constexpr int64_t kPrefetch = 2048;
+constexpr int64_t kPrefetch = 2048;  // bytes ahead: the hardware prefetcher stops at each 4 KiB page
 constexpr int64_t kOutChunk = 64;  // weight rows kept hot in L1/L2 while every row tile passes
 
 static inline float scale(const uint8_t* p) { return _cvtsh_ss(read_u16(p)); }

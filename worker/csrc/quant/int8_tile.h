@@ -11,7 +11,7 @@
 // Nothing here may be included outside such a file: it is compiled for that target only.
 
 constexpr int kInt8Rows = 4;
-constexpr int64_t kInt8Prefetch = 2048;
+constexpr int64_t kInt8Prefetch = 2048;  // bytes ahead: the hardware prefetcher stops at each 4 KiB page
 constexpr int64_t kInt8OutChunk = 64;  // weight rows kept hot while every row tile passes
 
 static inline __m256i nibbles32(const uint8_t* qs) {
