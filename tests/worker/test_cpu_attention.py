@@ -66,6 +66,25 @@ def test_kernel_equals_attention_over_the_visible_keys(
     got = kernel(q, k_cache, v_cache, tables, lens, window, dim**-0.5)
     expected = reference(q, k_cache, v_cache, tables, lens, window, dim**-0.5)
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)
+    # One sequence at a time: fewer tasks than twice the threads, so each task's blocks are
+    # split into parts (more parts than blocks for the short ones) and merged.
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (2, 4):
+            torch.set_num_threads(n_threads)
+            for i in range(len(lens)):
+                one = kernel(
+                    q[i : i + 1],
+                    k_cache,
+                    v_cache,
+                    tables[i : i + 1],
+                    lens[i : i + 1],
+                    window,
+                    dim**-0.5,
+                )
+                torch.testing.assert_close(one[0].double(), expected[i], atol=1e-5, rtol=0)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_kernel_in_bfloat16(kernel) -> None:

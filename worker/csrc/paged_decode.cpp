@@ -3,8 +3,9 @@
 //
 // Layout (worker/runner/kv_cache.py): k_cache, v_cache
 // [num_blocks, block_size, num_kv_heads, head_dim].
-// Work is split over (sequence, KV head); each task keeps the G = H / Hkv query heads that share
-// that KV head together, so every key and value row is read once for all of them. Softmax is
+// Work is split over (sequence, KV head), and with fewer such tasks than twice the threads over
+// ranges of a task's blocks too, merged at the end; each task keeps the G = H / Hkv query heads
+// that share that KV head together, so every key and value row is read once for all of them. Softmax is
 // computed online a block at a time (one rescale per block, not per key) in float32, whatever
 // the cache dtype.
 #include "ops.h"
@@ -40,20 +41,57 @@ void decode_kernel(
   const float fscale = static_cast<float>(scale);
   const float kLowest = std::numeric_limits<float>::lowest();
 
-  at::parallel_for(0, n * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(G * D), acc(G * D), scores(G * bs), m(G), l(G);
-    for (int64_t task = begin; task < end; ++task) {
+  // Fewer (sequence, KV head) tasks than twice the threads (one sequence, few KV heads: 3 tasks
+  // on 2 threads leave one idle a third of the time): each task's blocks are cut into `parts`
+  // ranges, attended apart, and their softmax states merged (m, l and acc rescaled to the
+  // largest m), as flash-decoding splits a long context.
+  const int64_t tasks = n * Hkv, threads = at::get_num_threads();
+  const int64_t parts = threads == 1 || tasks >= 2 * threads ? 1 : (2 * threads + tasks - 1) / tasks;
+  // the parts' states, kept for the merge (only when split: then there are few tasks)
+  std::vector<float> pm(parts > 1 ? tasks * parts * G : 0), pl(pm.size()), pacc(pm.size() * D);
+
+  // A task's output from the softmax states of its `count` parts (m, l: G floats each, acc:
+  // G x D, part after part): each rescaled to the largest m (an empty part has l = 0 and
+  // weighs exp(-huge) = 0), summed, normalized. One part: acc / l, as without a split.
+  auto write_out = [&](int64_t task, const float* m, const float* l, const float* acc, int64_t count) {
+    const int64_t s = task / Hkv, kvh = task % Hkv;
+    std::vector<float> w(count, 1.f);
+    for (int64_t g = 0; g < G; ++g) {
+      float mmax = kLowest, sum = 0.f;
+      for (int64_t j = 0; j < count; ++j) mmax = std::max(mmax, m[j * G + g]);
+      for (int64_t j = 0; count > 1 && j < count; ++j) w[j] = std::exp(m[j * G + g] - mmax);
+      for (int64_t j = 0; j < count; ++j) sum += w[j] * l[j * G + g];
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      T* dst = op + (s * H + kvh * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) {
+        float v = 0.f;
+        for (int64_t j = 0; j < count; ++j) v += w[j] * acc[(j * G + g) * D + d];
+        dst[d] = static_cast<T>(v * inv);
+      }
+    }
+  };
+
+  at::parallel_for(0, tasks * parts, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(G * D), scores(G * bs), own_m(G), own_l(G), own_acc(G * D);
+    for (int64_t job = begin; job < end; ++job) {
+      const int64_t task = job / parts, part = job % parts;
       const int64_t s = task / Hkv, kvh = task % Hkv;
       const int64_t ctx = lens[s];
       const int64_t first = window > 0 ? std::max<int64_t>(0, ctx - window) : 0;
+      const int64_t b_first = first / bs, b_last = std::min<int64_t>((ctx + bs - 1) / bs, width);
+      const int64_t span = std::max<int64_t>(b_last - b_first, 0);
+      const int64_t b_begin = b_first + span * part / parts, b_end = b_first + span * (part + 1) / parts;
+      float* m = parts > 1 ? pm.data() + job * G : own_m.data();
+      float* l = parts > 1 ? pl.data() + job * G : own_l.data();
+      float* acc = parts > 1 ? pacc.data() + job * G * D : own_acc.data();
       for (int64_t g = 0; g < G; ++g) {
         const T* src = qp + (s * H + kvh * G + g) * D;
         for (int64_t d = 0; d < D; ++d) qf[g * D + d] = static_cast<float>(src[d]) * fscale;
       }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(m.begin(), m.end(), kLowest);
-      std::fill(l.begin(), l.end(), 0.f);
-      for (int64_t b = first / bs; b * bs < ctx && b < width; ++b) {
+      std::fill(acc, acc + G * D, 0.f);
+      std::fill(m, m + G, kLowest);
+      std::fill(l, l + G, 0.f);
+      for (int64_t b = b_begin; b < b_end; ++b) {
         const int64_t id = tables[s * width + b];
         const int64_t lo = std::max<int64_t>(first - b * bs, 0);
         const int64_t hi = std::min<int64_t>(ctx - b * bs, bs);
@@ -75,7 +113,7 @@ void decode_kernel(
           // = 0 with no infinity involved (the build assumes finite math to vectorize exp).
           const float correction = std::exp(m[g] - mnew);
           for (int64_t t = lo; t < hi; ++t) sg[t] = std::exp(sg[t] - mnew);  // vectorized
-          float* ag = acc.data() + g * D;
+          float* ag = acc + g * D;
           float sum = l[g] * correction;
           for (int64_t d = 0; d < D; ++d) ag[d] *= correction;
           for (int64_t t = lo; t < hi; ++t) {
@@ -88,13 +126,13 @@ void decode_kernel(
           l[g] = sum;
         }
       }
-      for (int64_t g = 0; g < G; ++g) {
-        T* dst = op + (s * H + kvh * G + g) * D;
-        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
-        for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(acc[g * D + d] * inv);
-      }
+      if (parts == 1) write_out(task, m, l, acc, 1);  // the common case: on this thread
     }
   });
+  for (int64_t task = 0; parts > 1 && task < tasks; ++task) {
+    const int64_t j = task * parts;
+    write_out(task, pm.data() + j * G, pl.data() + j * G, pacc.data() + j * G * D, parts);
+  }
 }
 
 }  // namespace
