@@ -60,9 +60,11 @@ QUESTIONS = [
 ]
 
 
-def chat_prompts(gguf: Path, num_requests: int) -> list[list[int]]:
+def chat_prompts(gguf: Path, num_requests: int, cold: bool = False) -> list[list[int]]:
     """`num_requests` chat prompts (the questions in turn, numbered so no two are equal) as
-    token ids of the file's tokenizer, rendered by its chat template."""
+    token ids of the file's tokenizer, rendered by its chat template. `cold`: each system
+    prompt starts with a conversation number of its own, so no two prompts share more than the
+    template's first few tokens (not one whole cache block): a prefix cache cannot help."""
     from kvledger.gguf_tokenizer import load_gguf_tokenizer
     from server.chat_template import load_chat_template
 
@@ -73,8 +75,9 @@ def chat_prompts(gguf: Path, num_requests: int) -> list[list[int]]:
     prompts = []
     for i in range(num_requests):
         question = f"(ticket {1000 + i}) {QUESTIONS[i % len(QUESTIONS)]}"
+        system = f"Conversation {7000 + i}. {SYSTEM_PROMPT}" if cold else SYSTEM_PROMPT
         messages = [
-            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "system", "content": system},
             {"role": "user", "content": question},
         ]
         text = template.render(messages, add_generation_prompt=True)
@@ -82,8 +85,8 @@ def chat_prompts(gguf: Path, num_requests: int) -> list[list[int]]:
     return prompts
 
 
-def chat_workload(gguf: Path, num_requests: int, max_tokens: int) -> Workload:
-    prompts = chat_prompts(gguf, num_requests)
+def chat_workload(gguf: Path, num_requests: int, max_tokens: int, cold: bool = False) -> Workload:
+    prompts = chat_prompts(gguf, num_requests, cold)
     return Workload(
         dataset="given",
         num_requests=num_requests,

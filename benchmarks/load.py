@@ -139,8 +139,10 @@ async def drive(
     request_rate: float | None = None,
     engine: str = "",
     progress: bool = True,
+    warm_up: bool = True,
 ) -> Summary:
-    """Runs the workload once (after one warm-up request) and summarizes it."""
+    """Runs the workload once (after one warm-up request on its last prompt, unless not
+    `warm_up`: a cold-prefill run must not cache a prompt it then measures) and summarizes it."""
     prompts = wl.prompts()
     # A fresh connection per request: llama.cpp's HTTP server closes a kept-alive connection
     # after a few requests, and a POST on a closed one fails. Loopback connects cost ~0.1 ms.
@@ -148,7 +150,8 @@ async def drive(
         max_connections=(concurrency or len(prompts)) + 4, max_keepalive_connections=0
     )
     async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
-        await one(client, url, model, prompts[-1], Workload(max_tokens=4))
+        if warm_up:
+            await one(client, url, model, prompts[-1], Workload(max_tokens=4))
         gate = asyncio.Semaphore(concurrency or len(prompts))
         bar = tqdm(total=len(prompts), desc=engine or url, disable=not progress, leave=False)
         rng = random.Random(wl.seed + 1)

@@ -39,6 +39,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -56,6 +57,7 @@ from kvledger.models import (  # noqa: E402
 )
 from tests.serving import descendants, start_serve  # noqa: E402
 
+COLD_TOKENS = 8  # output tokens of a cold-prefill request: its TTFT is what it measures
 REAL = "smollm2"  # --size of the real SmolLM2-135M-Instruct file, served as SMOLLM2
 SIZES = {
     "tiny": None,  # kvledger's default tiny-llama
@@ -100,10 +102,30 @@ def process_name(pid: int) -> str:
     return argv[2] if len(argv) > 2 and argv[1] == "-m" else Path(argv[0]).name
 
 
+@dataclass(frozen=True)
+class Run:
+    """One measured run against a server: `key` names it in the report (16, 1, "cold")."""
+
+    key: int | str
+    concurrency: int
+    workload: Workload
+    warm_up: bool = True  # false for "cold": its warm-up request would cache a measured prompt
+
+
+def drive_all(url: str, model: str, runs: list[Run], engine: str) -> dict:
+    out = {}
+    for r in runs:
+        run = drive(
+            url, model, r.workload, r.concurrency, engine=f"{engine} {r.key}", warm_up=r.warm_up
+        )
+        out[r.key] = asyncio.run(run)
+    return out
+
+
 def run_kvledger(
     model: Path,
     size: str,
-    runs: list[tuple[int, Workload]],
+    runs: list[Run],
     threads: int,
     serve_args: str = "",
     engine: str = "kvledger",
@@ -119,10 +141,7 @@ def run_kvledger(
         with tempfile.TemporaryDirectory() as tmp:
             served = start_serve(Path(tmp), *extra, debug_invariants=False)
             try:
-                out = {
-                    c: asyncio.run(drive(served.url, name, wl, c, engine=f"{engine} c={c}"))
-                    for c, wl in runs
-                }
+                out = drive_all(served.url, name, runs, engine)
                 memory = {process_name(p): peak_rss_mib(p) for p in descendants(served.process.pid)}
             finally:
                 served.stop()
@@ -137,7 +156,7 @@ def run_kvledger(
 def run_llama_cpp(binary: str, gguf: Path, runs, threads: int, wl: Workload, extra: str) -> dict:  # noqa: ANN001
     ctx = 16 * (max(len(p) for p in wl.prompts()) + wl.max_tokens + 16)
     with llama_server(binary, gguf, threads, 16, ctx, tuple(shlex.split(extra))) as (url, proc):
-        out = {c: asyncio.run(drive(url, "m", w, c, engine=f"llama.cpp c={c}")) for c, w in runs}
+        out = drive_all(url, "m", runs, "llama.cpp")
         agree = _llama_cpp_greedy(url, wl)
         memory = {"llama-server": peak_rss_mib(proc.pid)}
     return {"summaries": out, "memory_mib": memory, "greedy_tokens": agree}
@@ -177,6 +196,13 @@ def main() -> None:
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--c1-requests", type=int, default=8, help="requests of the concurrency-1 runs")
+    ap.add_argument(
+        "--cold-requests",
+        type=int,
+        default=4,
+        help="requests of the cold-prefill run (concurrency 1, prompts sharing no cache block, "
+        "no warm-up; 0: none)",
+    )
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER"))
@@ -209,10 +235,15 @@ def main() -> None:
     if args.size == REAL:
         wl = chat_workload(model, args.requests, args.max_tokens)
         c1 = chat_workload(model, args.c1_requests, args.max_tokens)
+        cold = chat_workload(model, args.cold_requests, COLD_TOKENS, cold=True)
     else:
         wl = Workload(num_requests=args.requests, max_tokens=args.max_tokens)
         c1 = Workload(num_requests=args.c1_requests, max_tokens=args.max_tokens)
-    runs = [(16, wl), (1, c1)]
+        length = wl.prefix_len + wl.suffix_len  # as long as the shared-prefix prompts
+        cold = Workload("random", args.cold_requests, suffix_len=length, max_tokens=COLD_TOKENS)
+    runs = [Run(16, 16, wl), Run(1, 1, c1)]
+    if args.cold_requests:
+        runs.append(Run("cold", 1, cold, warm_up=False))
     engines = args.engines.split(",")
     report: dict[str, dict] = {}
     if "kvledger" in engines:

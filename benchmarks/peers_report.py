@@ -1,7 +1,8 @@
 """The peers benchmark's printout (benchmarks/peers.py): the CPU it ran on, one row per engine
-(output tokens/s and TTFT p50 at concurrency 16 and 1, peak RSS of each of its processes), the
-ratios of each kvledger row to each peer, latency percentiles, and whether llama.cpp's greedy tokens
-equal transformers' (the same weights give the same first tokens; a quantized file may not).
+(output tokens/s and TTFT p50 at concurrency 16 and 1, TTFT p50 of the cold-prefill run, peak
+RSS of each of its processes), the ratios of each kvledger row to each peer, latency percentiles,
+and whether llama.cpp's greedy tokens equal transformers' (the same weights give the same first
+tokens; a quantized file may not).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def cpu_line() -> str:
 
 
 def print_table(report: dict, args: argparse.Namespace, model: Path) -> None:
-    def summary(engine: str, c: int):  # noqa: ANN202 - benchmarks.load.Summary or None
+    def summary(engine: str, c: int | str):  # noqa: ANN202 - benchmarks.load.Summary or None
         return report.get(engine, {}).get("summaries", {}).get(c)
 
     def tok_s(engine: str, c: int) -> float | None:
@@ -38,18 +39,21 @@ def print_table(report: dict, args: argparse.Namespace, model: Path) -> None:
         s = summary(engine, c)
         return s.output_tok_s if s else None
 
-    def ttft(engine: str, c: int) -> str:
+    def ttft(engine: str, c: int | str) -> str:
         s = summary(engine, c)
         return f"{s.ttft_ms['p50']:.0f}" if s else "-"
 
     where = f"{args.threads} threads" if args.device == "cpu" else args.device
     print(f"\n{cpu_line()}\n{model.name}, {args.dtype or 'default dtype'}, {where}")
-    print("| engine | c=16 tok/s | c=1 tok/s | c=16 TTFT p50 ms | c=1 TTFT p50 ms | peak RSS MiB |")
-    print("|---|---:|---:|---:|---:|---|")
+    print(
+        "| engine | c=16 tok/s | c=1 tok/s | c=16 TTFT p50 ms | c=1 TTFT p50 ms "
+        "| cold TTFT p50 ms | peak RSS MiB |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---|")
     for engine in report:
         mem = ", ".join(f"{k} {v:.0f}" for k, v in report[engine]["memory_mib"].items())
         cells = [f"{x:.0f}" if (x := tok_s(engine, c)) else "-" for c in (16, 1)]
-        cells += [ttft(engine, c) for c in (16, 1)]
+        cells += [ttft(engine, c) for c in (16, 1, "cold")]
         print(f"| {engine} | " + " | ".join(cells) + f" | {mem} |")
     ours = [e for e in report if e.startswith("kvledger")]  # one row per kvledger setting
     for row in ours:
@@ -58,11 +62,14 @@ def print_table(report: dict, args: argparse.Namespace, model: Path) -> None:
             for c in (16, 1):
                 a, b = tok_s(row, c), tok_s(peer, c)
                 ratios.append(f"c={c} {a / b:.2f}x" if a and b else f"c={c} -")
+            a, b = summary(row, "cold"), summary(peer, "cold")
+            if a and b:  # a time: below 1 is faster
+                ratios.append(f"cold TTFT {a.ttft_ms['p50'] / b.ttft_ms['p50']:.2f}x")
             print(f"{row} / {peer}: " + ", ".join(ratios))
     for engine in report:
         for c, s in report[engine].get("summaries", {}).items():
             print(
-                f"{engine} c={c}: TTFT p50/p90/p99 "
+                f"{engine} {c if c == 'cold' else f'c={c}'}: TTFT p50/p90/p99 "
                 + "/".join(f"{v:.0f}" for v in s.ttft_ms.values())
                 + " ms, inter-token p50/p90/p99 "
                 + "/".join(f"{v:.1f}" for v in s.itl_ms.values())

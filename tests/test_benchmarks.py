@@ -84,6 +84,20 @@ def test_chat_workload_shares_the_system_prompt_and_survives_json():
     assert Workload(**json.loads(json.dumps(dict(wl.__dict__)))).prompts() == prompts
 
 
+def test_cold_chat_prompts_share_no_cache_block():
+    """The cold-prefill run's prompts: as long as the shared ones, but no two share a 16-token
+    block (kvledger's default block size), so no prefix cache can serve any of it."""
+    from benchmarks.chat_workload import chat_workload
+    from kvledger.models import smollm2_path
+
+    prompts = chat_workload(smollm2_path(), 8, 8, cold=True).prompts()
+    assert len({tuple(p) for p in prompts}) == 8
+    for i, a in enumerate(prompts):
+        for b in prompts[i + 1 :]:
+            assert len(os.path.commonprefix([a, b])) < 16
+    assert all(430 <= len(p) < 460 for p in prompts)
+
+
 def test_static_batches_pad_on_the_left_and_mask_the_padding():
     from benchmarks.static_batches import left_padded
 
@@ -119,6 +133,8 @@ def test_peers_report_gives_every_kvledger_row_its_ratios(capsys):
             c: Summary(f"e c={c}", c, None, 1.0, 1, 1, tok_s * c, 1.0, ms, ms, ms, None)
             for c in (16, 1)
         }
+        cold_ms = {k: 1000.0 / tok_s for k in ms}  # faster engines start sooner
+        summaries["cold"] = Summary("e cold", 1, None, 1.0, 1, 1, 1.0, 1.0, cold_ms, ms, ms, None)
         return {"summaries": summaries, "memory_mib": {"p": 100.0}}
 
     report = {
@@ -129,6 +145,8 @@ def test_peers_report_gives_every_kvledger_row_its_ratios(capsys):
     args = argparse.Namespace(threads=2, device="cpu", dtype=None)
     print_table(report, args, Path("m.gguf"))
     out = capsys.readouterr().out
-    assert "kvledger / llama.cpp Q4_1: c=16 2.00x, c=1 2.00x" in out
+    assert "kvledger / llama.cpp Q4_1: c=16 2.00x, c=1 2.00x, cold TTFT 0.50x" in out
     assert "kvledger --quantization=gguf-int8 / llama.cpp Q4_1: c=16 3.00x, c=1 3.00x" in out
+    assert "| kvledger | 3200 | 200 | 1 | 1 | 5 | p 100 |" in out
+    assert "kvledger cold: TTFT p50/p90/p99 5/5/5 ms" in out
     assert "kvledger / kvledger --quantization" not in out  # rows of ours are not peers
