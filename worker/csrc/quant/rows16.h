@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "blocks.h"
 
@@ -53,6 +54,33 @@ struct Rows16FloatArgs {
   float* y;
   int64_t ldy;
 };
+
+// The loop both kernels run over groups [g_begin, g_end) and activation rows [0, rows): groups
+// in chunks of four (64 weight rows stay in cache while every activation row passes over
+// them), activation rows four at a time (each tile read once feeds four rows' sums), then the
+// remaining one to three. `group(std::integral_constant<int, R>{}, r0, g)` computes rows
+// r0 .. r0 + R - 1 of group g; R is a compile-time constant so its accumulators stay in
+// registers. Plain loops with no intrinsics: each kernel file instantiates it with its own
+// group function.
+template <class Group>
+inline void rows16_drive(int64_t rows, int64_t g_begin, int64_t g_end, const Group& group) {
+  constexpr int64_t kChunk = 4;
+  constexpr int kRows = 4;
+  for (int64_t g0 = g_begin; g0 < g_end; g0 += kChunk) {
+    const int64_t g1 = g0 + kChunk < g_end ? g0 + kChunk : g_end;
+    int64_t r = 0;
+    for (; r + kRows <= rows; r += kRows)
+      for (int64_t g = g0; g < g1; ++g) group(std::integral_constant<int, kRows>{}, r, g);
+    for (int64_t g = g0; g < g1; ++g) {
+      switch (rows - r) {
+        case 3: group(std::integral_constant<int, 3>{}, r, g); break;
+        case 2: group(std::integral_constant<int, 2>{}, r, g); break;
+        case 1: group(std::integral_constant<int, 1>{}, r, g); break;
+        default: break;
+      }
+    }
+  }
+}
 
 // GGUF rows [out, in / 32 blocks] <-> the rows16 layout (out a multiple of 16), byte for byte.
 void rows16_pack(const uint8_t* gguf, int type, int64_t out, int64_t in, uint8_t* dst);

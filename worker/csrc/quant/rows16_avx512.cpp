@@ -20,8 +20,6 @@
 namespace kvledger::quant {
 namespace {
 
-constexpr int kRows = 4;            // activation rows per pass over a group's tiles
-constexpr int64_t kGroupChunk = 4;  // groups (64 weight rows) kept hot while every row passes
 constexpr int64_t kPrefetch = 2048;  // bytes ahead: the hardware prefetcher stops at each 4 KiB page
 
 template <bool kQ41, int R>
@@ -66,20 +64,9 @@ void group(const Rows16FloatArgs& a, int64_t r0, int64_t g) {
 
 template <bool kQ41>
 void run(const Rows16FloatArgs& a, int64_t g_begin, int64_t g_end) {
-  for (int64_t g0 = g_begin; g0 < g_end; g0 += kGroupChunk) {
-    const int64_t g1 = g0 + kGroupChunk < g_end ? g0 + kGroupChunk : g_end;
-    int64_t r = 0;
-    for (; r + kRows <= a.rows; r += kRows)
-      for (int64_t g = g0; g < g1; ++g) group<kQ41, kRows>(a, r, g);
-    for (int64_t g = g0; g < g1; ++g) {
-      switch (a.rows - r) {
-        case 3: group<kQ41, 3>(a, r, g); break;
-        case 2: group<kQ41, 2>(a, r, g); break;
-        case 1: group<kQ41, 1>(a, r, g); break;
-        default: break;
-      }
-    }
-  }
+  rows16_drive(a.rows, g_begin, g_end, [&a](auto rows, int64_t r0, int64_t g) {
+    group<kQ41, decltype(rows)::value>(a, r0, g);
+  });
 }
 
 }  // namespace
