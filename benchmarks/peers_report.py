@@ -1,8 +1,8 @@
 """The peers benchmark's printout (benchmarks/peers.py): the CPU it ran on, one row per engine
 (output tokens/s and TTFT p50 at concurrency 16 and 1, TTFT p50 of the cold-prefill run, peak
 RSS of each of its processes), the ratios of each kvledger row to each peer, latency percentiles,
-and whether llama.cpp's greedy tokens equal transformers' (the same weights give the same first
-tokens; a quantized file may not).
+and whether llama.cpp's and vLLM's greedy tokens equal transformers' (the same weights give the
+same first tokens; a quantized file may not).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def print_table(report: dict, args: argparse.Namespace, model: Path) -> None:
             )
     if "transformers" in report:
         ours = report["transformers"]["greedy_tokens"]
-        for peer in (p for p in report if p.startswith("llama.cpp")):
+        for peer in (p for p in report if p != "transformers" and "greedy_tokens" in report[p]):
             theirs = report[peer]["greedy_tokens"]
             same = [_common_prefix(x, y) for x, y in zip(ours, theirs, strict=True)]
             print(f"{peer}'s first greedy tokens equal to transformers' (of 16, 2 prompts): {same}")

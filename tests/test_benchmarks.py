@@ -150,3 +150,35 @@ def test_peers_report_gives_every_kvledger_row_its_ratios(capsys):
     assert "| kvledger | 3200 | 200 | 1 | 1 | 5 | p 100 |" in out
     assert "kvledger cold: TTFT p50/p90/p99 5/5/5 ms" in out
     assert "kvledger / kvledger --quantization" not in out  # rows of ours are not peers
+
+
+def test_peers_report_checks_every_peers_greedy_tokens_against_transformers(capsys):
+    import argparse
+    from pathlib import Path
+
+    from benchmarks.peers_report import print_table
+
+    report = {
+        "transformers": {
+            "tok_s": {"16": 50.0, "1": 10.0},
+            "memory_mib": {"python": 1.0},
+            "greedy_tokens": [[1, 2, 3], [4, 5, 6]],
+        },
+        "llama.cpp Q4_1": {"summaries": {}, "memory_mib": {}, "greedy_tokens": [[1, 2], [4]]},
+        "vllm": {"summaries": {}, "memory_mib": {}, "greedy_tokens": [[1, 2, 3], [4, 9, 6]]},
+    }
+    print_table(report, argparse.Namespace(threads=2, device="cpu", dtype=None), Path("m"))
+    out = capsys.readouterr().out
+    assert (
+        "llama.cpp Q4_1's first greedy tokens equal to transformers' (of 16, 2 prompts): [2, 1]"
+        in out
+    )
+    assert "vllm's first greedy tokens equal to transformers' (of 16, 2 prompts): [3, 1]" in out
+
+
+def test_vllm_binds_the_cores_the_benchmark_may_use():
+    from benchmarks.vllm_cpu import cores_bind
+
+    cores = sorted(os.sched_getaffinity(0))
+    assert cores_bind(1) == str(cores[0])
+    assert cores_bind(len(cores)) == ",".join(map(str, cores))
