@@ -259,18 +259,10 @@ def main() -> None:
     )
     args = ap.parse_args()
     model = model_dir(args.size)
-    if args.size == REAL:
-        wl = chat_workload(model, args.requests, args.max_tokens)
-        c1 = chat_workload(model, args.c1_requests, args.max_tokens)
-        cold = chat_workload(model, args.cold_requests, COLD_TOKENS, cold=True)
-    else:
-        wl = Workload(num_requests=args.requests, max_tokens=args.max_tokens)
-        c1 = Workload(num_requests=args.c1_requests, max_tokens=args.max_tokens)
-        length = wl.prefix_len + wl.suffix_len  # as long as the shared-prefix prompts
-        cold = Workload("random", args.cold_requests, suffix_len=length, max_tokens=COLD_TOKENS)
-    runs = [Run(16, 16, wl), Run(1, 1, c1)]
-    if args.cold_requests:
-        runs.append(Run("cold", 1, cold, warm_up=False))
+    runs = workloads(
+        model, args.size, args.requests, args.c1_requests, args.cold_requests, args.max_tokens
+    )
+    wl, c1 = runs[0].workload, runs[1].workload
     engines = args.engines.split(",")
     report: dict[str, dict] = {}
     if "kvledger" in engines:
@@ -306,6 +298,27 @@ def main() -> None:
     print_table(report, args, model)
     if args.json:
         Path(args.json).write_text(json.dumps(report, default=lambda o: o.row(), indent=2))
+
+
+def workloads(
+    model: Path, size: str, requests: int, c1_requests: int, cold_requests: int, max_tokens: int
+) -> list[Run]:
+    """The runs every engine serves: c=16, c=1 and (unless no requests) the cold prefill."""
+    if size == REAL:
+        wl = chat_workload(model, requests, max_tokens)
+        c1 = chat_workload(model, c1_requests, max_tokens)
+        cold = chat_workload(model, cold_requests, COLD_TOKENS, cold=True)
+    else:
+        wl = Workload(num_requests=requests, max_tokens=max_tokens)
+        c1 = Workload(num_requests=c1_requests, max_tokens=max_tokens)
+        length = wl.prefix_len + wl.suffix_len  # as long as the shared-prefix prompts
+        # seed 1: the shared-prefix prompts are seed 0's first draws, and a random prompt of
+        # the same seed would repeat them (a prefix cache hit in a run meant to have none)
+        cold = Workload("random", cold_requests, suffix_len=length, max_tokens=COLD_TOKENS, seed=1)
+    runs = [Run(16, 16, wl), Run(1, 1, c1)]
+    if cold_requests:
+        runs.append(Run("cold", 1, cold, warm_up=False))
+    return runs
 
 
 def llama_cpp_files(model: Path, args: argparse.Namespace) -> list[tuple[str, Path]]:

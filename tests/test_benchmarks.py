@@ -98,6 +98,23 @@ def test_cold_chat_prompts_share_no_cache_block():
     assert all(430 <= len(p) < 460 for p in prompts)
 
 
+def test_the_random_sizes_cold_prompts_share_no_block_with_the_others():
+    """The cold run's random prompts: as long as the shared-prefix ones and sharing no 16-token
+    block with them or each other (the same seed would have repeated the shared prefix)."""
+    from pathlib import Path
+
+    from benchmarks.peers import workloads
+
+    runs = workloads(Path("unused"), "tiny", 48, 8, 4, 128)
+    assert [r.key for r in runs] == [16, 1, "cold"] and not runs[2].warm_up
+    cold = runs[2].workload.prompts()
+    warm = runs[0].workload.prompts() + runs[1].workload.prompts()
+    assert {len(p) for p in cold} == {len(warm[0])}
+    for i, a in enumerate(cold):
+        assert all(len(os.path.commonprefix([a, b])) < 16 for b in warm + cold[i + 1 :])
+    assert [r.key for r in workloads(Path("unused"), "tiny", 48, 8, 0, 128)] == [16, 1]
+
+
 def test_static_batches_pad_on_the_left_and_mask_the_padding():
     from benchmarks.static_batches import left_padded
 
