@@ -171,6 +171,18 @@ def test_argmax_rows_equals_torch_and_takes_the_first_of_ties(ops, dtype: torch.
     assert got[3] == 17 and got[5] == 0 and got[6] == 30521
 
 
+def test_argmax_rows_at_every_width_around_its_16_wide_chunks(ops) -> None:
+    """Vocabularies shorter than, equal to and just past a chunk, and ties inside one chunk,
+    across two and between a chunk and the tail: always torch's first largest index."""
+    gen = torch.Generator().manual_seed(0)
+    for vocab in [1, 2, 15, 16, 17, 31, 32, 33, 47, 100]:
+        logits = torch.randint(-3, 4, (64, vocab), generator=gen).float()  # many ties
+        assert ops.argmax_rows(logits).tolist() == logits.argmax(dim=-1).tolist(), vocab
+    row = torch.zeros(1, 40)
+    row[0, 35] = row[0, 21] = row[0, 18] = 2.0  # the tail, then twice in the second chunk
+    assert ops.argmax_rows(row).tolist() == [18]
+
+
 def test_the_greedy_sampler_uses_the_kernel_and_still_fails_nonfinite_rows(ops) -> None:
     from worker.runner.batch import SeqChunk
     from worker.sample.sampler import NONFINITE_LOGITS, Sampler
