@@ -21,6 +21,7 @@ from worker.quant.layers import QuantizedEmbedding, QuantizedLinear
 Q4 = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1]
 SHAPES = [(16, 32), (48, 96), (208, 576), (64, 1536)]
 ROWS = [1, 2, 3, 4, 5, 9, 33]  # tiles of 4 activation rows and each remainder
+GEMM_ROWS = [127, 128, 300]  # the exact path's prefill: a float GEMM from 128 rows
 RULE_TOLERANCE = 1e-5  # float32 rounding, relative to the output's largest magnitude
 ops = torch.ops.kvledger_quant
 
@@ -73,11 +74,29 @@ def test_exact_kernel_is_the_float_product(module, qtype, shape) -> None:  # noq
     blocks, w = quantized(out, inp, qtype, seed=inp)
     layer = QuantizedLinear(inp, blocks, int(qtype))
     assert layer.rows16
-    for rows in ROWS:
+    for rows in ROWS + GEMM_ROWS:
         x = int8_activations(rows, inp, rows)  # an all-zero block and an outlier as well
         want = x.double() @ w.double().T
         err = (layer(x).double() - want).abs().max().item()
         assert err <= RULE_TOLERANCE * want.abs().max().item(), (rows, err)
+
+
+@pytest.mark.parametrize("qtype", Q4, ids=lambda t: t.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_the_prefill_gemm_dequantizes_the_tiles_exactly(module, qtype, shape) -> None:  # noqa: ANN001
+    """The GEMM path's operand, W^T in float32, is the GGUF dequantization value for value
+    (a wrong column, block or scale would move the product by far more than rounding); and an
+    input of more dimensions takes that path as a flat batch of rows."""
+    avx512_or_skip(module)
+    out, inp = shape
+    blocks, w = quantized(out, inp, qtype, seed=inp + 1)
+    layer = QuantizedLinear(inp, blocks, int(qtype))
+    wt = ops.dequantize_rows16_t(layer.blocks, int(qtype), inp)
+    assert wt.shape == (inp, out) and torch.equal(wt.T, layer.dequantized())
+    x = int8_activations(256, inp, 5).view(2, 128, inp)
+    want = x.double() @ w.double().T
+    err = (layer(x).double() - want).abs().max().item()
+    assert layer(x).shape == (2, 128, out) and err <= RULE_TOLERANCE * want.abs().max().item()
 
 
 @pytest.mark.parametrize("qtype", Q4, ids=lambda t: t.name)

@@ -69,11 +69,44 @@ void run(const Rows16FloatArgs& a, int64_t g_begin, int64_t g_end) {
   });
 }
 
+template <bool kQ41>
+void dequantize_t(const uint8_t* w, int64_t in, float* wt, int64_t ldw, int64_t g_begin, int64_t g_end) {
+  const int type = kQ41 ? kQ4_1 : kQ4_0;
+  const int64_t nb = in / kBlock, tile = rows16_tile_bytes(type);
+  const int qat = rows16_quants_at(type);
+  const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const uint8_t* t = w + g * nb * tile;
+    for (int64_t b = 0; b < nb; ++b, t += tile) {
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+      // Q4_1: d q + m; Q4_0: d (q - 8) = d q - 8 d, both with the one rounding of an FMA
+      const __m512 mw = kQ41 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)))
+                             : _mm512_mul_ps(dw, _mm512_set1_ps(-8.f));
+      float* col = wt + b * kBlock * ldw + g * kGroupRows;
+      for (int k = 0; k < 4; ++k) {
+        const __m512i c = _mm512_loadu_si512(t + qat + 64 * k);
+        for (int i = 0; i < 4; ++i) {
+          const __m512 lo = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 8 * i), table);
+          const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 8 * i + 4), table);
+          _mm512_storeu_ps(col + (4 * k + i) * ldw, _mm512_fmadd_ps(dw, lo, mw));
+          _mm512_storeu_ps(col + (16 + 4 * k + i) * ldw, _mm512_fmadd_ps(dw, hi, mw));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void rows16_avx512(const Rows16FloatArgs& a, int64_t g_begin, int64_t g_end) {
   if (a.type == kQ4_1) run<true>(a, g_begin, g_end);
   if (a.type == kQ4_0) run<false>(a, g_begin, g_end);
+}
+
+void rows16_dequantize_t(int type, const uint8_t* w, int64_t in, float* wt, int64_t ldw,
+                         int64_t g_begin, int64_t g_end) {
+  if (type == kQ4_1) dequantize_t<true>(w, in, wt, ldw, g_begin, g_end);
+  if (type == kQ4_0) dequantize_t<false>(w, in, wt, ldw, g_begin, g_end);
 }
 
 }  // namespace kvledger::quant

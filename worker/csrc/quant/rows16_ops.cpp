@@ -4,6 +4,7 @@
 //   kvledger_quant::unpack_rows16(tiles, ggml_type, in_features) -> GGUF rows [out, ...]
 //   kvledger_quant::linear_rows16(x, tiles, ggml_type, in_features) -> y   (exact, AVX-512F)
 //   kvledger_quant::linear_int8_rows16(x, tiles, ggml_type, in_features) -> y   (AVX-512 VNNI)
+//   kvledger_quant::dequantize_rows16_t(tiles, ggml_type, in_features) -> W^T [in, out] float32
 //
 // with the same contracts as linear.cpp's `linear` and `linear_int8` over GGUF rows.
 #include <ATen/Parallel.h>
@@ -68,6 +69,34 @@ at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
+// From this many activation rows (a prefill's) the exact path dequantizes the layer once into a
+// float32 scratch and multiplies with torch's float GEMM: MKL/oneDNN run ~230 GFLOP/s on this
+// machine kind where the tiles' unpacking holds them to ~145, and one dequantization (~0.3 ms
+// for 576 x 3072) is paid back from ~128 rows. The same products, summed in another order:
+// within the exact path's contract, as the tiles are. Decode steps keep the tiles.
+constexpr int64_t kGemmRows = 128;
+
+// W^T [in, out] in float32: each value dequantized as the GGUF rows' dequantize does (one FMA
+// rounding for Q4_1's d q + m). The GEMM path's operand; an operator for its tests.
+void dequantize_t_into(const at::Tensor& packed, int64_t type, int64_t in, float* wt) {
+  const int64_t groups = packed.size(0), out = groups * kGroupRows;
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * kGroupRows));
+#if defined(__x86_64__)
+  at::parallel_for(0, groups, grain, [&](int64_t b, int64_t e) {
+    rows16_dequantize_t(static_cast<int>(type), w, in, wt, out, b, e);
+  });
+#endif
+}
+
+at::Tensor dequantize_rows16_t(const at::Tensor& packed, int64_t type, int64_t in) {
+  check_rows16(packed, type, in);
+  TORCH_CHECK(cpu_has(kAvx512), "rows16: this CPU has no AVX-512");
+  at::Tensor wt = at::empty({in, packed.size(0) * kGroupRows}, packed.options().dtype(at::kFloat));
+  dequantize_t_into(packed, type, in, wt.data_ptr<float>());
+  return wt;
+}
+
 // linear over rows16 tiles: the exact path (float activations), AVX-512F.
 at::Tensor linear_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t in) {
   check_rows16(packed, type, in);
@@ -81,6 +110,14 @@ at::Tensor linear_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t 
   shape.back() = out;
   at::Tensor y = at::empty(shape, xf.options());
   if (rows == 0 || out == 0) return y.to(x.scalar_type());
+  if (rows >= kGemmRows) {
+    thread_local std::vector<float> wt;  // the largest layer's W^T, kept for the next call
+    wt.resize(in * out);
+    dequantize_t_into(packed, type, in, wt.data());
+    at::Tensor y2 = y.view({rows, out});
+    at::mm_out(y2, xf.view({rows, in}), at::from_blob(wt.data(), {in, out}, xf.options()));
+    return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  }
   thread_local std::vector<float> sx;  // each row's block sums (the Q4 minimum's, offset's term)
   sx.resize(rows * nb);
   const float* xp = xf.data_ptr<float>();
@@ -105,6 +142,7 @@ TORCH_LIBRARY_FRAGMENT(kvledger_quant, m) {
   m.def("unpack_rows16(Tensor tiles, int ggml_type, int in_features) -> Tensor");
   m.def("linear_rows16(Tensor x, Tensor tiles, int ggml_type, int in_features) -> Tensor");
   m.def("linear_int8_rows16(Tensor x, Tensor tiles, int ggml_type, int in_features) -> Tensor");
+  m.def("dequantize_rows16_t(Tensor tiles, int ggml_type, int in_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kvledger_quant, CPU, m) {
@@ -112,6 +150,7 @@ TORCH_LIBRARY_IMPL(kvledger_quant, CPU, m) {
   m.impl("unpack_rows16", &unpack_rows16);
   m.impl("linear_rows16", &linear_rows16);
   m.impl("linear_int8_rows16", &linear_int8_rows16);
+  m.impl("dequantize_rows16_t", &dequantize_rows16_t);
 }
 
 }  // namespace kvledger::quant
