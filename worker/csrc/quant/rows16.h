@@ -88,9 +88,9 @@ void rows16_unpack(const uint8_t* src, int type, int64_t out, int64_t in, uint8_
 
 void rows16_vnni512(const Rows16Args& a, int64_t g_begin, int64_t g_end);
 void rows16_avx512(const Rows16FloatArgs& a, int64_t g_begin, int64_t g_end);
-// The transposed float32 weight of groups [g_begin, g_end): wt[k * ldw + 16 g + j] is row
-// 16 g + j's value k, dequantized (AVX-512F; the exact path's prefill multiplies by it with a
-// float GEMM, rows16_ops.cpp).
+// The transposed float32 weight of groups [g_begin, g_end): wt[k * ldw + 16 (g - g_begin) + j]
+// is row 16 g + j's value k, dequantized (AVX-512F; the exact path's prefill multiplies by it
+// with a float GEMM, rows16_ops.cpp).
 void rows16_dequantize_t(int type, const uint8_t* w, int64_t in, float* wt, int64_t ldw,
                          int64_t g_begin, int64_t g_end);
 

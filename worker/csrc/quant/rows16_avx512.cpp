@@ -82,7 +82,7 @@ void dequantize_t(const uint8_t* w, int64_t in, float* wt, int64_t ldw, int64_t 
       // Q4_1: d q + m; Q4_0: d (q - 8) = d q - 8 d, both with the one rounding of an FMA
       const __m512 mw = kQ41 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)))
                              : _mm512_mul_ps(dw, _mm512_set1_ps(-8.f));
-      float* col = wt + b * kBlock * ldw + g * kGroupRows;
+      float* col = wt + b * kBlock * ldw + (g - g_begin) * kGroupRows;
       for (int k = 0; k < 4; ++k) {
         const __m512i c = _mm512_loadu_si512(t + qat + 64 * k);
         for (int i = 0; i < 4; ++i) {

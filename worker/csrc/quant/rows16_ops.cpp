@@ -69,32 +69,54 @@ at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
-// From this many activation rows (a prefill's) the exact path dequantizes the layer once into a
+// From this many activation rows (a prefill's) the exact path dequantizes the layer into a
 // float32 scratch and multiplies with torch's float GEMM: MKL/oneDNN run ~230 GFLOP/s on this
 // machine kind where the tiles' unpacking holds them to ~145, and one dequantization (~0.3 ms
 // for 576 x 3072) is paid back from ~128 rows. The same products, summed in another order:
 // within the exact path's contract, as the tiles are. Decode steps keep the tiles.
 constexpr int64_t kGemmRows = 128;
+// The scratch holds at most this many floats (8 MiB): a larger layer is multiplied in slabs of
+// output columns, so a big model's prefill does not keep a whole float32 layer per thread.
+constexpr int64_t kScratchFloats = int64_t{1} << 21;
 
-// W^T [in, out] in float32: each value dequantized as the GGUF rows' dequantize does (one FMA
-// rounding for Q4_1's d q + m). The GEMM path's operand; an operator for its tests.
-void dequantize_t_into(const at::Tensor& packed, int64_t type, int64_t in, float* wt) {
-  const int64_t groups = packed.size(0), out = groups * kGroupRows;
+// W^T of groups [g_begin, g_end) in float32 into wt (leading dimension ldw): each value
+// dequantized as the GGUF rows' dequantize does (one FMA rounding for Q4_1's d q + m).
+void dequantize_t_into(const at::Tensor& packed, int64_t type, int64_t in, int64_t g_begin,
+                       int64_t g_end, float* wt, int64_t ldw) {
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * kGroupRows));
 #if defined(__x86_64__)
-  at::parallel_for(0, groups, grain, [&](int64_t b, int64_t e) {
-    rows16_dequantize_t(static_cast<int>(type), w, in, wt, out, b, e);
+  at::parallel_for(g_begin, g_end, grain, [&](int64_t b, int64_t e) {
+    rows16_dequantize_t(static_cast<int>(type), w, in, wt + (b - g_begin) * kGroupRows, ldw, b, e);
   });
 #endif
 }
 
+// The tiles' W^T [in, out] (for tests: the GEMM path's operand).
 at::Tensor dequantize_rows16_t(const at::Tensor& packed, int64_t type, int64_t in) {
   check_rows16(packed, type, in);
   TORCH_CHECK(cpu_has(kAvx512), "rows16: this CPU has no AVX-512");
-  at::Tensor wt = at::empty({in, packed.size(0) * kGroupRows}, packed.options().dtype(at::kFloat));
-  dequantize_t_into(packed, type, in, wt.data_ptr<float>());
+  const int64_t out = packed.size(0) * kGroupRows;
+  at::Tensor wt = at::empty({in, out}, packed.options().dtype(at::kFloat));
+  dequantize_t_into(packed, type, in, 0, packed.size(0), wt.data_ptr<float>(), out);
   return wt;
+}
+
+// y [rows, out] = xf [rows, in] @ W^T through the float GEMM, a slab of output columns at a time.
+void gemm_rows16(const at::Tensor& xf, const at::Tensor& packed, int64_t type, int64_t in,
+                 at::Tensor& y) {
+  const int64_t groups = packed.size(0), rows = xf.numel() / in;
+  const int64_t slab = std::max<int64_t>(1, kScratchFloats / (in * kGroupRows));  // groups
+  thread_local std::vector<float> wt;  // kept for the next call: no page faults per layer
+  wt.resize(std::min(slab, groups) * kGroupRows * in);
+  const at::Tensor x2 = xf.view({rows, in});
+  at::Tensor y2 = y.view({rows, groups * kGroupRows});
+  for (int64_t g = 0; g < groups; g += slab) {
+    const int64_t n = std::min(slab, groups - g) * kGroupRows;
+    dequantize_t_into(packed, type, in, g, g + n / kGroupRows, wt.data(), n);
+    at::Tensor cols = y2.narrow(1, g * kGroupRows, n);
+    at::mm_out(cols, x2, at::from_blob(wt.data(), {in, n}, xf.options()));
+  }
 }
 
 // linear over rows16 tiles: the exact path (float activations), AVX-512F.
@@ -111,11 +133,7 @@ at::Tensor linear_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t 
   at::Tensor y = at::empty(shape, xf.options());
   if (rows == 0 || out == 0) return y.to(x.scalar_type());
   if (rows >= kGemmRows) {
-    thread_local std::vector<float> wt;  // the largest layer's W^T, kept for the next call
-    wt.resize(in * out);
-    dequantize_t_into(packed, type, in, wt.data());
-    at::Tensor y2 = y.view({rows, out});
-    at::mm_out(y2, xf.view({rows, in}), at::from_blob(wt.data(), {in, out}, xf.options()));
+    gemm_rows16(xf, packed, type, in, y);
     return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
   }
   thread_local std::vector<float> sx;  // each row's block sums (the Q4 minimum's, offset's term)
