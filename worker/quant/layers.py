@@ -14,7 +14,9 @@ the exact product by the activations' rounding (docs/architecture.md states the 
 On an AVX-512 CPU (with VNNI for int8 activations) a Q4_0/Q4_1 layer of whole groups of 16
 rows regroups its blocks sixteen rows at a time (`worker/csrc/quant/rows16.h`: the same bytes,
 no second copy) for kernels that spend a fraction of the per-row kernels' cycles a block
-(`linear_rows16`, `linear_int8_rows16`); `gguf_blocks()` gives the GGUF rows back.
+(`linear_rows16`, `linear_int8_rows16`); `gguf_blocks()` gives the GGUF rows back. From 128
+rows (a prefill) `linear_rows16` dequantizes the tiles into a float32 scratch and multiplies
+with torch's float GEMM, which outruns the tiles there.
 
 `QuantizedEmbedding` looks token ids up by dequantizing just their rows; a tied LM head is a
 `QuantizedLinear` over the same buffer (one copy of the blocks serves both).
