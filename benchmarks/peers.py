@@ -37,20 +37,25 @@ and the peak resident memory (VmHWM) of every process. vLLM's CPU build needs AV
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shlex
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.chat_workload import chat_workload  # noqa: E402
 from benchmarks.llama_cpp import complete, gguf_of, llama_server, requantized  # noqa: E402
-from benchmarks.load import Workload, drive  # noqa: E402
+from benchmarks.load import Workload  # noqa: E402
+from benchmarks.peer_runs import (  # noqa: E402
+    REAL,
+    Run,
+    drive_all,
+    peak_rss_mib,
+    process_name,
+    workloads,
+)
 from benchmarks.peers_report import print_table  # noqa: E402
 from benchmarks.vllm_cpu import greedy_tokens, hf_checkpoint_of, vllm_server  # noqa: E402
 from kvledger.models import (  # noqa: E402
@@ -63,8 +68,6 @@ from kvledger.models import (  # noqa: E402
 )
 from tests.serving import descendants, start_serve  # noqa: E402
 
-COLD_TOKENS = 8  # output tokens of a cold-prefill request: its TTFT is what it measures
-REAL = "smollm2"  # --size of the real SmolLM2-135M-Instruct file, served as SMOLLM2
 SIZES = {
     "tiny": None,  # kvledger's default tiny-llama
     "300m": TinyLlamaRecipe(
@@ -93,38 +96,6 @@ def model_dir(size: str) -> Path:
     if not (out / "config.json").exists():
         out.mkdir(parents=True, exist_ok=True)
         write_tiny_llama(out, recipe)
-    return out
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def process_name(pid: int) -> str:
-    argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
-    return argv[2] if len(argv) > 2 and argv[1] == "-m" else Path(argv[0]).name
-
-
-@dataclass(frozen=True)
-class Run:
-    """One measured run against a server: `key` names it in the report (16, 1, "cold")."""
-
-    key: int | str
-    concurrency: int
-    workload: Workload
-    warm_up: bool = True  # false for "cold": its warm-up request would cache a measured prompt
-
-
-def drive_all(url: str, model: str, runs: list[Run], engine: str) -> dict:
-    out = {}
-    for r in runs:
-        run = drive(
-            url, model, r.workload, r.concurrency, engine=f"{engine} {r.key}", warm_up=r.warm_up
-        )
-        out[r.key] = asyncio.run(run)
     return out
 
 
@@ -298,27 +269,6 @@ def main() -> None:
     print_table(report, args, model)
     if args.json:
         Path(args.json).write_text(json.dumps(report, default=lambda o: o.row(), indent=2))
-
-
-def workloads(
-    model: Path, size: str, requests: int, c1_requests: int, cold_requests: int, max_tokens: int
-) -> list[Run]:
-    """The runs every engine serves: c=16, c=1 and (unless no requests) the cold prefill."""
-    if size == REAL:
-        wl = chat_workload(model, requests, max_tokens)
-        c1 = chat_workload(model, c1_requests, max_tokens)
-        cold = chat_workload(model, cold_requests, COLD_TOKENS, cold=True)
-    else:
-        wl = Workload(num_requests=requests, max_tokens=max_tokens)
-        c1 = Workload(num_requests=c1_requests, max_tokens=max_tokens)
-        length = wl.prefix_len + wl.suffix_len  # as long as the shared-prefix prompts
-        # seed 1: the shared-prefix prompts are seed 0's first draws, and a random prompt of
-        # the same seed would repeat them (a prefix cache hit in a run meant to have none)
-        cold = Workload("random", cold_requests, suffix_len=length, max_tokens=COLD_TOKENS, seed=1)
-    runs = [Run(16, 16, wl), Run(1, 1, c1)]
-    if cold_requests:
-        runs.append(Run("cold", 1, cold, warm_up=False))
-    return runs
 
 
 def llama_cpp_files(model: Path, args: argparse.Namespace) -> list[tuple[str, Path]]:

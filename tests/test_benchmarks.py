@@ -103,7 +103,7 @@ def test_the_random_sizes_cold_prompts_share_no_block_with_the_others():
     block with them or each other (the same seed would have repeated the shared prefix)."""
     from pathlib import Path
 
-    from benchmarks.peers import workloads
+    from benchmarks.peer_runs import workloads
 
     runs = workloads(Path("unused"), "tiny", 48, 8, 4, 128)
     assert [r.key for r in runs] == [16, 1, "cold"] and not runs[2].warm_up
