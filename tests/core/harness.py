@@ -92,11 +92,17 @@ class Harness:
         out = self.pending.pop(0)
         excused = self.excused.pop(id(out), frozenset())
         result = self.worker.run(out, excused=excused, **inject)  # type: ignore[arg-type]
-        failed = written_by(out, set(result.errored) | set(result.stale_request_ids))
+        voided = set(result.errored) | set(result.stale_request_ids)
+        failed = written_by(out, voided)
         removed = set(result.removed_block_ids)
         for later in self.pending:  # planned before this failure or removal was reported
             claims = {pair for new in later.new for pair in new.claimed if pair[0] in removed}
             self.excused[id(later)] = self.excused.get(id(later), frozenset()) | failed | claims
+            # The worker skips a failed request in the plans after this one until a plan
+            # drops it, so what it declares there is never written either: a later plan's
+            # claim on such a block was made before the failure was known.
+            voided -= set(later.dropped_request_ids)
+            failed = failed | written_by(later, voided)
         updates = self.sched.update_from_output(out, result)
         self.updates.extend(updates)
         return updates

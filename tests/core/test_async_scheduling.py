@@ -127,3 +127,52 @@ def test_a_refused_claim_with_its_decode_step_planned_ahead_recomputes_exactly()
     assert h.finish_of("b").finish_reason is FinishReason.LENGTH
     assert h.outputs("b") == lockstep_outputs(request("b", [*range(6), 9], max_tokens=3))["b"]
     assert h.sched.stats.stale_entries["worker_report"] == 1
+
+
+def test_a_claim_on_a_failed_requests_later_declaration_is_refused_and_recomputed():
+    """A request fails in the oldest plan, which declared nothing (half a block); the next
+    plan in flight declares its first block, and a plan made before the failure was known lets
+    another request claim it. The worker skips the failed request there, so the block is never
+    written: its hash must go, the claim must be refused (not read), and the claimant
+    recomputes to the same output."""
+    h = ahead(block_size=4, max_num_batched_tokens=2)
+    h.add(request("r", range(4), max_tokens=3))
+    first = h.plan()  # r: tokens 0-1, no full block
+    assert first.new[0].written == []
+    second = h.plan()  # r: tokens 2-3, block 0 declared here
+    [(block, _)] = second.cont[0].written
+    h.add(request("s", [*range(4), 9], max_tokens=3))
+    third = h.plan()  # s claims block 0, still in flight
+    assert [b for b, _ in third.new[0].claimed] == [block]
+    h.finish_step(errored={"r": "boom"})  # r fails: `second` is void for it
+    assert block not in h.cached(), "a later plan's declaration of a failed request stays cached"
+    h.finish_step()  # the worker skips r: block 0 is never written
+    h.finish_step()  # s's claim on it is refused: s goes back to recompute
+    assert h.sched.stats.stale_entries["worker_report"] == 1
+    drain(h)
+    assert h.finish_of("r").finish_reason is FinishReason.ERROR
+    assert h.finish_of("s").finish_reason is FinishReason.LENGTH
+    assert h.outputs("s") == lockstep_outputs(request("s", [*range(4), 9], max_tokens=3))["s"]
+
+
+def test_bundles_a_turn_of_an_aborted_request_claims_blocks_its_failed_write_voids():
+    """The example hypothesis found (LedgerBundlesWithKV): five plans in flight; r0 aborted
+    with its writes in flight, a follow-up turn claims them, then r0's first plan fails."""
+    h = ahead(
+        num_blocks=6, block_size=1, max_num_seqs=2, max_num_batched_tokens=3, max_model_len=24
+    )
+    h.add(request("r0", [1, 2, 3, 4, 0], max_tokens=4), request("r1", [0], max_tokens=4))
+    h.plan()
+    h.add(request("r2", [], max_tokens=0))
+    h.plan()
+    h.plan()
+    assert h.sched.abort_request("r0")
+    h.add(request("r3", [], max_tokens=0), request("r4", [1, 2, 3, 4, 0], max_tokens=1))
+    h.plan()  # r4 claims r0's blocks, whose writes are still in flight
+    h.plan()
+    h.finish_step(errored={"r0": "boom"})
+    h.plan()
+    while len(h.pending) > 2:
+        h.finish_step()  # the plan in which r4's claim is refused: explained, not stale
+    drain(h)
+    assert h.outputs("r4") == lockstep_outputs(request("r4", [1, 2, 3, 4, 0], max_tokens=1))["r4"]
