@@ -1,10 +1,13 @@
-"""Where one batch-1 decode step's time goes in the worker (tiny-llama or a GGUF/HF model).
+"""Where one decode step's time goes in the worker (tiny-llama or a GGUF/HF model).
 
     .venv/bin/python benchmarks/decode_profile.py [--model tiny-llama|smollm2|PATH]
-        [--context-len 128] [--repeats 200] [--threads 0] [--trace]
+        [--context-len 128] [--batch 1] [--shared-prefix 0] [--repeats 200] [--threads 0]
+        [--trace]
 
-One sequence with --context-len tokens cached computes position --context-len again and again
-(`ModelRunner.execute`, the worker's step, greedy sampling included). The step is cut into its
+--batch sequences with --context-len tokens cached each compute position --context-len again
+and again (`ModelRunner.execute`, the worker's step, greedy sampling included); the first
+--shared-prefix tokens (whole blocks) are one set of blocks in every sequence's table, as a
+shared system prompt is when the prefix cache serves it. The step is cut into its
 parts, each timed on its own over the same inputs, the parts taking turns round by round so a
 drift in machine load falls on all alike:
 
@@ -46,32 +49,50 @@ def model_path(name: str) -> Path:
     return Path(name)
 
 
-def decode_chunk(runner: ModelRunner, context: int) -> SeqChunk:
+def blocks_needed(batch: int, context: int, shared: int, block_size: int) -> int:
+    shared_blocks = shared // block_size
+    return shared_blocks + batch * (-(-(context + 1) // block_size) - shared_blocks)
+
+
+def decode_chunks(runner: ModelRunner, batch: int, context: int, shared: int) -> list[SeqChunk]:
+    """Prefills `batch` sequences (the first writes the shared blocks, the others their own
+    tails after them) and returns each one's decode chunk at position `context`."""
+    size = runner.block_size
+    num_shared = shared // size
+    shared_ids = list(range(num_shared))
+    per_seq = -(-(context + 1) // size) - num_shared
     gen = torch.Generator().manual_seed(2)
-    ids = torch.randint(1000, runner.vocab_size, (context + 1,), generator=gen).tolist()
-    blocks = list(range(-(-(context + 1) // runner.block_size)))
-    runner.execute([SeqChunk("d", ids[:context], 0, blocks, False)])
-    return SeqChunk("d", [ids[context]], context, blocks, True)
+    prefix = torch.randint(1000, runner.vocab_size, (num_shared * size,), generator=gen).tolist()
+    chunks = []
+    for i in range(batch):
+        tail = torch.randint(1000, runner.vocab_size, (context + 1 - len(prefix),), generator=gen)
+        ids = prefix + tail.tolist()
+        own = [num_shared + i * per_seq + j for j in range(per_seq)]
+        start = 0 if i == 0 else len(prefix)
+        blocks = shared_ids + own
+        runner.execute([SeqChunk(f"d{i}", ids[start:context], start, blocks, False)])
+        chunks.append(SeqChunk(f"d{i}", [ids[context]], context, blocks, True))
+    return chunks
 
 
-def parts(runner: ModelRunner, chunk: SeqChunk) -> dict[str, Callable[[], object]]:
+def parts(runner: ModelRunner, chunks: list[SeqChunk]) -> dict[str, Callable[[], object]]:
     model, limits = runner.model, runner.limits
-    batch = prepare_batch([chunk], limits, runner.device, runner.config.sliding_window)
+    batch = prepare_batch(chunks, limits, runner.device, runner.config.sliding_window)
     plan = runner.backend.plan(batch.attn)
     hidden = model(batch.input_ids, batch.positions, plan)
     last = hidden[batch.last_rows]
     logits = model.compute_logits(last)
 
     def prep() -> object:
-        b = prepare_batch([chunk], limits, runner.device, runner.config.sliding_window)
+        b = prepare_batch(chunks, limits, runner.device, runner.config.sliding_window)
         return runner.backend.plan(b.attn)
 
     return {
         "batch": prep,
         "forward": lambda: model(batch.input_ids, batch.positions, plan),
         "head": lambda: model.compute_logits(last),
-        "sample": lambda: runner.sampler(logits, [chunk]),
-        "step": lambda: runner.execute([chunk]),
+        "sample": lambda: runner.sampler(logits, chunks),
+        "step": lambda: runner.execute(chunks),
     }
 
 
@@ -115,6 +136,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--context-len", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--shared-prefix", type=int, default=0, help="tokens (whole blocks)")
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--quantization", default="auto")
@@ -123,18 +146,19 @@ def main() -> None:
     runner = ModelRunner(
         model_path(args.model),
         block_size=16,
-        num_blocks=-(-(args.context_len + 1) // 16) + 1,
+        num_blocks=blocks_needed(args.batch, args.context_len, args.shared_prefix, 16) + 1,
         attention_backend="auto",
         progress=False,
         quantization=args.quantization,
     )
     if args.threads:
         torch.set_num_threads(args.threads)
-    chunk = decode_chunk(runner, args.context_len)
-    fns = parts(runner, chunk)
+    chunks = decode_chunks(runner, args.batch, args.context_len, args.shared_prefix)
+    fns = parts(runner, chunks)
     us = race(fns, args.repeats)
     print(
-        f"{args.model}, quantized {runner.quantized}, context {args.context_len}, "
+        f"{args.model}, quantized {runner.quantized}, batch {args.batch}, context "
+        f"{args.context_len}, shared prefix {args.shared_prefix // 16 * 16}, "
         f"{torch.get_num_threads()} threads, median of {args.repeats}"
         + (" (CPU time)" if torch.get_num_threads() == 1 else " (wall time)")
     )
