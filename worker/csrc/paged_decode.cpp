@@ -7,8 +7,9 @@
 // ranges of a task's blocks too, merged at the end; each task keeps the G = H / Hkv query heads
 // that share that KV head together, so every key and value row is read once for all of them. Softmax is
 // computed online a block at a time (one rescale per block, not per key) in float32, whatever
-// the cache dtype.
+// the cache dtype; decode_block.h holds that step (and its AVX-512 form for a float32 cache).
 #include "ops.h"
+#include "decode_block.h"
 
 #include <ATen/Parallel.h>
 
@@ -95,36 +96,8 @@ void decode_kernel(
         const int64_t id = tables[s * width + b];
         const int64_t lo = std::max<int64_t>(first - b * bs, 0);
         const int64_t hi = std::min<int64_t>(ctx - b * bs, bs);
-        const T* kb = kp + id * block + kvh * D;
-        const T* vb = vp + id * block + kvh * D;
-        for (int64_t g = 0; g < G; ++g) {
-          const float* qg = qf.data() + g * D;
-          float* sg = scores.data() + g * bs;
-          float bmax = kLowest;
-          for (int64_t t = lo; t < hi; ++t) {
-            const T* kr = kb + t * row;
-            float dot = 0.f;
-            for (int64_t d = 0; d < D; ++d) dot += qg[d] * static_cast<float>(kr[d]);
-            sg[t] = dot;
-            bmax = std::max(bmax, dot);
-          }
-          const float mnew = std::max(m[g], bmax);
-          // m starts at the lowest finite float, so the first block's correction is exp(-huge)
-          // = 0 with no infinity involved (the build assumes finite math to vectorize exp).
-          const float correction = std::exp(m[g] - mnew);
-          for (int64_t t = lo; t < hi; ++t) sg[t] = std::exp(sg[t] - mnew);  // vectorized
-          float* ag = acc + g * D;
-          float sum = l[g] * correction;
-          for (int64_t d = 0; d < D; ++d) ag[d] *= correction;
-          for (int64_t t = lo; t < hi; ++t) {
-            const float p = sg[t];
-            sum += p;
-            const T* vr = vb + t * row;
-            for (int64_t d = 0; d < D; ++d) ag[d] += p * static_cast<float>(vr[d]);
-          }
-          m[g] = mnew;
-          l[g] = sum;
-        }
+        attend<T, kD>(qf.data(), G, D, kp + id * block + kvh * D, vp + id * block + kvh * D,
+                      row, bs, lo, hi, scores.data(), m, l, acc);
       }
       if (parts == 1) write_out(task, m, l, acc, 1);  // the common case: on this thread
     }
