@@ -6,9 +6,8 @@
 // takes `attend_block_avx512`: the scores of 16 keys are reduced together into one vector (a
 // transpose of their partial sums, not one horizontal sum per key), so the block's maximum,
 // exp (a polynomial, inline: no call into libm) and sum are single vector operations, and the
-// value rows go into accumulators
-// held in registers for the whole block, several independent sums each so that the FMAs do
-// not wait on one another. Both forms compute the same sums in float32, in a different order
+// value rows go into accumulators held in registers for the whole block, several independent
+// sums each so that the FMAs do not wait on one another. Both forms compute the same sums in float32, in a different order
 // (within ~1e-6 of each other).
 #pragma once
 
