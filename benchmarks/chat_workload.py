@@ -86,7 +86,7 @@ def chat_prompts(gguf: Path, num_requests: int, cold: bool = False) -> list[list
 
 
 def chat_workload(gguf: Path, num_requests: int, max_tokens: int, cold: bool = False) -> Workload:
-    prompts = chat_prompts(gguf, num_requests, cold)
+    prompts = chat_prompts(gguf, num_requests + 1, cold)  # the last one warms the server up
     return Workload(
         dataset="given",
         num_requests=num_requests,

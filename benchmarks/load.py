@@ -12,7 +12,7 @@ import json
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import httpx
 from tqdm import tqdm
@@ -46,6 +46,15 @@ class Workload:
             raise ValueError(f"unknown dataset {self.dataset!r} (random, shared-prefix)")
         prefix = draw(self.prefix_len)
         return [prefix + draw(self.suffix_len) for _ in range(self.num_requests)]
+
+    def warm_up_prompt(self) -> list[int]:
+        """One more prompt drawn as the measured ones are (sharing their prefix, if any), but
+        not one of them: an engine that caches whole prompts must not serve a measured one
+        from its cache. A "given" workload holds it after the measured prompts."""
+        extra = replace(self, num_requests=self.num_requests + 1).prompts()
+        if len(extra) <= self.num_requests:
+            raise ValueError("a given workload needs one prompt more than it measures to warm up")
+        return extra[-1]
 
 
 @dataclass
@@ -141,8 +150,8 @@ async def drive(
     progress: bool = True,
     warm_up: bool = True,
 ) -> Summary:
-    """Runs the workload once (after one warm-up request on its last prompt, unless not
-    `warm_up`: a cold-prefill run must not cache a prompt it then measures) and summarizes it."""
+    """Runs the workload once (after one warm-up request on a prompt it does not measure,
+    unless not `warm_up`: the cold-prefill run has none) and summarizes it."""
     prompts = wl.prompts()
     # A fresh connection per request: llama.cpp's HTTP server closes a kept-alive connection
     # after a few requests, and a POST on a closed one fails. Loopback connects cost ~0.1 ms.
@@ -151,7 +160,7 @@ async def drive(
     )
     async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
         if warm_up:
-            await one(client, url, model, prompts[-1], Workload(max_tokens=4))
+            await one(client, url, model, wl.warm_up_prompt(), Workload(max_tokens=4))
         gate = asyncio.Semaphore(concurrency or len(prompts))
         bar = tqdm(total=len(prompts), desc=engine or url, disable=not progress, leave=False)
         rng = random.Random(wl.seed + 1)
