@@ -48,7 +48,15 @@ def reference(q, k_cache, v_cache, tables, lens, window, scale) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim", "block_size", "window"),
-    [(8, 2, 32, 16, 0), (4, 4, 64, 8, 0), (6, 1, 16, 4, 5), (2, 2, 128, 16, 40), (9, 3, 64, 32, 37)],
+    [
+        (8, 2, 32, 16, 0),
+        (4, 4, 64, 8, 0),
+        (6, 1, 16, 4, 5),
+        (2, 2, 128, 16, 40),
+        (9, 3, 64, 32, 37),
+        (12, 2, 64, 16, 0),
+        (6, 1, 128, 8, 0),
+    ],
 )
 def test_kernel_equals_attention_over_the_visible_keys(
     kernel, heads: int, kv_heads: int, dim: int, block_size: int, window: int

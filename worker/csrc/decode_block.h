@@ -3,12 +3,14 @@
 //
 // `attend_block` is the portable form, for every dtype and head dimension. With AVX-512 (the
 // module is built with -march=native) a float32 cache with a head dimension of 32, 64 or 128
-// takes `attend_block_avx512`: the scores of 16 keys are reduced together into one vector (a
-// transpose of their partial sums, not one horizontal sum per key), so the block's maximum,
-// exp (a polynomial, inline: no call into libm) and sum are single vector operations, and the
-// value rows go into accumulators held in registers for the whole block, several independent
-// sums each so that the FMAs do not wait on one another. Both forms compute the same sums in float32, in a different order
-// (within ~1e-6 of each other).
+// takes `attend_block_avx512`. A head's step is a chain of dependent operations (scores ->
+// block maximum -> exp -> value sums) that the portable loop runs head after head, one key at
+// a time; here up to four heads go through each stage together, so their chains interleave,
+// and each stage is whole vectors: 16 keys' scores are reduced together into one vector (a
+// transpose of their partial sums, not one horizontal sum per key), the exp is an inline
+// polynomial, each value row is loaded once for all the heads, and the value sums stay in
+// registers for the whole block. Both forms compute the same sums in float32, in a different
+// order (within ~1e-6 of each other).
 #pragma once
 
 #include <algorithm>
@@ -101,25 +103,31 @@ static inline __m512 sum_lanes16(const __m512* v) {
                        _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// The float32 form for kD in {32, 64, 128}, keys taken 16 at a time (any block size).
-template <int64_t kD>
-inline void attend_block_avx512(const float* qf, int64_t G, const float* kb, const float* vb,
-                                int64_t row, int64_t lo, int64_t hi, float* m, float* l,
-                                float* acc) {
+// Heads [0, NG) of qf (NG at once: their chains of dependent operations, scores -> maximum
+// -> exp -> value sums, interleave instead of waiting one after another), keys [lo, hi) taken
+// 16 at a time (any block size). kD in {32, 64, 128}.
+template <int64_t kD, int NG>
+inline void attend_heads_avx512(const float* qf, const float* kb, const float* vb, int64_t row,
+                                int64_t lo, int64_t hi, float* m, float* l, float* acc) {
   constexpr int C = static_cast<int>(kD / 16);
-  constexpr int kSets = C >= 8 ? 1 : 8 / C;
+  // independent sums per value accumulator: at least 8 chains of FMAs in flight
+  constexpr int kSets = NG * C >= 8 ? 1 : 8 / (NG * C);
   const __m512 lowest = _mm512_set1_ps(std::numeric_limits<float>::lowest());
-  for (int64_t g = 0; g < G; ++g) {
-    __m512 q[C], a[C];
+  __m512 a[kSets][NG][C];
+  for (int h = 0; h < NG; ++h)
     for (int c = 0; c < C; ++c) {
-      q[c] = _mm512_loadu_ps(qf + g * kD + 16 * c);
-      a[c] = _mm512_loadu_ps(acc + g * kD + 16 * c);
+      a[0][h][c] = _mm512_loadu_ps(acc + h * kD + 16 * c);
+      for (int k = 1; k < kSets; ++k) a[k][h][c] = _mm512_setzero_ps();
     }
-    float mg = m[g], lg = l[g];
-    for (int64_t t0 = lo; t0 < hi; t0 += 16) {
-      const int64_t count = std::min<int64_t>(16, hi - t0);
-      const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1u);
-      __m512 dots[16];
+  float mh[NG], lh[NG];
+  for (int h = 0; h < NG; ++h) mh[h] = m[h], lh[h] = l[h];
+  for (int64_t t0 = lo; t0 < hi; t0 += 16) {
+    const int64_t count = std::min<int64_t>(16, hi - t0);
+    const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1u);
+    __m512 p[NG];
+    for (int h = 0; h < NG; ++h) {
+      __m512 q[C], dots[16];
+      for (int c = 0; c < C; ++c) q[c] = _mm512_loadu_ps(qf + h * kD + 16 * c);
       for (int64_t j = 0; j < 16; ++j) {  // keys past `count` may lie past the block: not read
         if (j >= count) {
           dots[j] = _mm512_setzero_ps();
@@ -129,36 +137,64 @@ inline void attend_block_avx512(const float* qf, int64_t G, const float* kb, con
         dots[j] = _mm512_mul_ps(q[0], _mm512_loadu_ps(kr));
         for (int c = 1; c < C; ++c) dots[j] = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(kr + 16 * c), dots[j]);
       }
-      const __m512 sv = _mm512_mask_mov_ps(lowest, valid, sum_lanes16(dots));
-      const float mnew = std::max(mg, _mm512_reduce_max_ps(sv));
-      const float correction = std::exp(mg - mnew);
-      const __m512 p = _mm512_maskz_mov_ps(valid, exp_nonpositive(_mm512_sub_ps(sv, _mm512_set1_ps(mnew))));
-      lg = lg * correction + _mm512_reduce_add_ps(p);
-      const __m512 corr = _mm512_set1_ps(correction);
-      for (int c = 0; c < C; ++c) a[c] = _mm512_mul_ps(a[c], corr);
-      alignas(64) float s[16];
-      _mm512_store_ps(s, p);
-      // kSets independent sums per accumulator, keys taken in turn: a chain of 16 dependent
-      // FMAs would wait on each one's latency (4 cycles) rather than on the FMA units.
-      __m512 part[kSets > 1 ? kSets - 1 : 1][C];
-      for (int k = 0; k + 1 < kSets; ++k)
-        for (int c = 0; c < C; ++c) part[k][c] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < count; ++j) {
-        const __m512 pj = _mm512_set1_ps(s[j]);
-        const float* vr = vb + (t0 + j) * row;
-        const int k = static_cast<int>(j % kSets);
-        for (int c = 0; c < C; ++c) {
-          __m512& sum = k == 0 ? a[c] : part[k - 1][c];
-          sum = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + 16 * c), sum);
-        }
-      }
-      for (int k = 0; k + 1 < kSets; ++k)
-        for (int c = 0; c < C; ++c) a[c] = _mm512_add_ps(a[c], part[k][c]);
-      mg = mnew;
+      p[h] = _mm512_mask_mov_ps(lowest, valid, sum_lanes16(dots));
     }
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + g * kD + 16 * c, a[c]);
-    m[g] = mg;
-    l[g] = lg;
+    alignas(64) float mnew[16], prev[16];
+    for (int h = 0; h < NG; ++h) {
+      mnew[h] = std::max(mh[h], _mm512_reduce_max_ps(p[h]));
+      prev[h] = mh[h] - mnew[h];
+      p[h] = _mm512_maskz_mov_ps(valid, exp_nonpositive(_mm512_sub_ps(p[h], _mm512_set1_ps(mnew[h]))));
+    }
+    // every head's correction e^(m - mnew) in one vector exp (the first block's: e^-huge = 0)
+    alignas(64) float corr[16];
+    _mm512_store_ps(corr, exp_nonpositive(_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << NG) - 1u), prev)));
+    alignas(64) float ps[NG][16];
+    for (int h = 0; h < NG; ++h) {
+      lh[h] = lh[h] * corr[h] + _mm512_reduce_add_ps(p[h]);
+      mh[h] = mnew[h];
+      const __m512 ch = _mm512_set1_ps(corr[h]);
+      for (int k = 0; k < kSets; ++k)
+        for (int c = 0; c < C; ++c) a[k][h][c] = _mm512_mul_ps(a[k][h][c], ch);
+      _mm512_store_ps(ps[h], p[h]);
+    }
+    for (int64_t j = 0; j < count; ++j) {
+      const float* vr = vb + (t0 + j) * row;
+      const int k = static_cast<int>(j % kSets);
+      __m512 v[C];
+      for (int c = 0; c < C; ++c) v[c] = _mm512_loadu_ps(vr + 16 * c);
+      for (int h = 0; h < NG; ++h) {
+        const __m512 ph = _mm512_set1_ps(ps[h][j]);
+        for (int c = 0; c < C; ++c) a[k][h][c] = _mm512_fmadd_ps(ph, v[c], a[k][h][c]);
+      }
+    }
+  }
+  for (int h = 0; h < NG; ++h) {
+    for (int c = 0; c < C; ++c) {
+      __m512 sum = a[0][h][c];
+      for (int k = 1; k < kSets; ++k) sum = _mm512_add_ps(sum, a[k][h][c]);
+      _mm512_storeu_ps(acc + h * kD + 16 * c, sum);
+    }
+    m[h] = mh[h];
+    l[h] = lh[h];
+  }
+}
+
+// The float32 form: the G heads in groups of up to kMax (their accumulators, kMax x kD / 16
+// registers, stay in registers).
+template <int64_t kD>
+inline void attend_block_avx512(const float* qf, int64_t G, const float* kb, const float* vb,
+                                int64_t row, int64_t lo, int64_t hi, float* m, float* l,
+                                float* acc) {
+  constexpr int kMax = kD >= 128 ? 2 : 4;
+  for (int64_t h0 = 0; h0 < G; h0 += kMax) {
+    const float* q = qf + h0 * kD;
+    float *mh = m + h0, *lh = l + h0, *ah = acc + h0 * kD;
+    switch (std::min<int64_t>(kMax, G - h0)) {
+      case 4: attend_heads_avx512<kD, kMax >= 4 ? 4 : 1>(q, kb, vb, row, lo, hi, mh, lh, ah); break;
+      case 3: attend_heads_avx512<kD, kMax >= 3 ? 3 : 1>(q, kb, vb, row, lo, hi, mh, lh, ah); break;
+      case 2: attend_heads_avx512<kD, 2>(q, kb, vb, row, lo, hi, mh, lh, ah); break;
+      default: attend_heads_avx512<kD, 1>(q, kb, vb, row, lo, hi, mh, lh, ah); break;
+    }
   }
 }
 
