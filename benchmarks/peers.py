@@ -31,8 +31,9 @@ prompts in the file's chat template, 128 greedy output tokens, `ignore_eos`).
 Every engine also serves a cold-prefill run (--cold-requests at concurrency 1, prompts as long
 as the others that share no cache block, no warm-up): the time to first token without a prefix
 cache's help. The other runs start with one warm-up request on a prompt they do not measure
-(an engine that caches whole prompts would serve that one from its cache). Prints the CPU, output tokens/s and TTFT per engine and concurrency with ratios,
-and the peak resident memory (VmHWM) of every process. vLLM's CPU build needs AVX-512.
+(an engine that caches whole prompts would serve that one from its cache). Prints the CPU,
+output tokens/s and TTFT per engine and concurrency with ratios, and the peak resident memory
+(VmHWM) of every process. vLLM's CPU build needs AVX-512.
 """
 
 from __future__ import annotations
