@@ -10,7 +10,7 @@ import platform
 import pytest
 import torch
 
-from tests.worker.test_cpu_attention import reference
+from tests.worker.attention_reference import reference
 from worker import native
 
 X86_64_V3 = {"avx2", "fma", "bmi1", "bmi2", "f16c", "movbe"}
