@@ -143,6 +143,8 @@ def main() -> None:
     parser.add_argument("--quantization", default="auto")
     parser.add_argument("--trace", default=None, help="write a Chrome trace here")
     args = parser.parse_args()
+    if not 0 <= args.shared_prefix <= args.context_len or args.batch < 1:
+        parser.error("--shared-prefix must be within --context-len, and --batch at least 1")
     runner = ModelRunner(
         model_path(args.model),
         block_size=16,
