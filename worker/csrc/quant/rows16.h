@@ -42,14 +42,13 @@ struct Rows16Args {
 };
 
 // y = dequantize(W) x over float activations (the exact path), rows [0, rows), groups
-// [g_begin, g_end); sx[r * nb + b] is the sum of row r's block b.
+// [g_begin, g_end).
 struct Rows16FloatArgs {
   int type;
   const uint8_t* w;
   int64_t in;
   const float* x;  // row r at x + r * ldx
   int64_t ldx;
-  const float* sx;
   int64_t rows;
   float* y;
   int64_t ldy;
@@ -57,28 +56,26 @@ struct Rows16FloatArgs {
 
 // The loop both kernels run over groups [g_begin, g_end) and activation rows [0, rows): groups
 // in chunks of four (64 weight rows stay in cache while every activation row passes over
-// them), activation rows four at a time (each tile read once feeds four rows' sums), then the
-// remaining one to three. `group(std::integral_constant<int, R>{}, r0, g)` computes rows
-// r0 .. r0 + R - 1 of group g; R is a compile-time constant so its accumulators stay in
-// registers. Plain loops with no intrinsics: each kernel file instantiates it with its own
-// group function.
-template <class Group>
+// them), activation rows kRows at a time (each tile read once feeds kRows rows' sums), then
+// the rest in tiles of kRows / 2, kRows / 4, ... 1 (13 rows after none of 16: 8 + 4 + 1).
+// `group(std::integral_constant<int, R>{}, r0, g)` computes rows r0 .. r0 + R - 1 of group g;
+// R is a compile-time constant so its accumulators stay in registers. A kernel must give each
+// row the same sums whatever tile it falls in: a row's output never depends on its batch.
+// Plain loops with no intrinsics: each kernel file instantiates it with its own group function.
+template <int R, class Group>
+inline int64_t rows16_tiles(int64_t rows, int64_t r, int64_t g0, int64_t g1, const Group& group) {
+  for (; r + R <= rows; r += R)
+    for (int64_t g = g0; g < g1; ++g) group(std::integral_constant<int, R>{}, r, g);
+  if constexpr (R > 1) r = rows16_tiles<R / 2>(rows, r, g0, g1, group);
+  return r;
+}
+
+template <int kRows, class Group>
 inline void rows16_drive(int64_t rows, int64_t g_begin, int64_t g_end, const Group& group) {
   constexpr int64_t kChunk = 4;
-  constexpr int kRows = 4;
   for (int64_t g0 = g_begin; g0 < g_end; g0 += kChunk) {
     const int64_t g1 = g0 + kChunk < g_end ? g0 + kChunk : g_end;
-    int64_t r = 0;
-    for (; r + kRows <= rows; r += kRows)
-      for (int64_t g = g0; g < g1; ++g) group(std::integral_constant<int, kRows>{}, r, g);
-    for (int64_t g = g0; g < g1; ++g) {
-      switch (rows - r) {
-        case 3: group(std::integral_constant<int, 3>{}, r, g); break;
-        case 2: group(std::integral_constant<int, 2>{}, r, g); break;
-        case 1: group(std::integral_constant<int, 1>{}, r, g); break;
-        default: break;
-      }
-    }
+    rows16_tiles<kRows>(rows, 0, g0, g1, group);
   }
 }
 

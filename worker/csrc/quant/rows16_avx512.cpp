@@ -2,13 +2,18 @@
 //
 // A chunk holds, in each 32-bit lane, four quant bytes of one of sixteen rows; shifting the
 // chunk by 4 * p bits puts value p's nibble in every lane's low four bits, and vpermps looks
-// it up in the table 0..15 (it reads only those bits): two instructions turn one of a block's
-// 32 values into sixteen floats, one per row, which one FMA multiplies by the broadcast
-// activation. Per tile and activation row the block's sum of q * x is then scaled:
-//   Q4_1: y += dw * sum(q x) + mw * sum(x)        Q4_0: y += dw * (sum(q x) - 8 * sum(x))
-// which is sum((dw q + mw) x) up to the order of the float sums: the exact path's contract
-// (linear.cpp). ~3 cycles a row-block at one row, where the per-row kernel spends ~9.
-// Function-level target, chosen at run time where the CPU reports AVX-512F (rows16_ops.cpp).
+// it up in the table 0..15 (it reads only those bits). One FMA then dequantizes it, w = d q + m
+// (Q4_0: d q - 8 d) for sixteen rows, with the same rounding as `rows16_dequantize_t` (the
+// prefill's weight): three instructions make one of a block's 32 values a float in each of
+// sixteen rows, and each activation row multiplies it with one FMA on a broadcast.
+//
+// Up to sixteen activation rows share each dequantized value (19 instructions for 16 FMAs; the
+// old tiles of four took 27). A row's sum is two chains, values 0..15 and 16..31 of every
+// block in order, added at the end: sixteen rows hold 32 accumulators, more than the registers
+// with the weights, so they run the two chains one after the other (the low chain's sums wait
+// in y), fewer rows run both at once, and every tile gives a row the same sums: its output
+// never depends on its batch. Function-level target, chosen at run time where the CPU reports
+// AVX-512F (rows16_ops.cpp).
 #include "rows16.h"
 
 #if defined(__x86_64__)
@@ -22,49 +27,60 @@ namespace {
 
 constexpr int64_t kPrefetch = 2048;  // bytes ahead: the hardware prefetcher stops at each 4 KiB page
 
-template <bool kQ41, int R>
-void group(const Rows16FloatArgs& a, int64_t r0, int64_t g) {
+constexpr int kTileRows = 16;  // activation rows per tile: all of a 16-sequence decode step
+
+// acc[h - H0][r] += the dequantized values of chain h (0: values 0..15 of each block, 1:
+// 16..31) times activation row r0 + r, over every block of group g.
+template <bool kQ41, int R, int H0, int H1>
+void chains(const Rows16FloatArgs& a, int64_t r0, int64_t g, __m512 (&acc)[H1 - H0][R]) {
   const int64_t nb = a.in / kBlock, tile = rows16_tile_bytes(a.type);
   const int qat = rows16_quants_at(a.type);
   const uint8_t* t = a.w + g * nb * tile;
+  const float* x = a.x + r0 * a.ldx;
   const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  __m512 y[R];
-  for (int r = 0; r < R; ++r) y[r] = _mm512_setzero_ps();
+  for (int h = 0; h < H1 - H0; ++h)
+    for (int r = 0; r < R; ++r) acc[h][r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, t += tile) {
-    __m512 acc[R][4];
-    for (int r = 0; r < R; ++r)
-      for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_setzero_ps();
     for (int64_t l = 0; l < tile; l += 64) _mm_prefetch(reinterpret_cast<const char*>(t + kPrefetch + l), _MM_HINT_T0);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+    const __m512 mw = kQ41 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)))
+                           : _mm512_mul_ps(dw, _mm512_set1_ps(-8.f));
+    const float* xb = x + b * kBlock;
     for (int k = 0; k < 4; ++k) {
       const __m512i c = _mm512_loadu_si512(t + qat + 64 * k);
       for (int i = 0; i < 4; ++i) {
-        const __m512 lo = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 8 * i), table);
-        const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 8 * i + 4), table);
-        for (int r = 0; r < R; ++r) {
-          const float* xb = a.x + (r0 + r) * a.ldx + b * kBlock;
-          acc[r][i] = _mm512_fmadd_ps(lo, _mm512_set1_ps(xb[4 * k + i]), acc[r][i]);
-          acc[r][i] = _mm512_fmadd_ps(hi, _mm512_set1_ps(xb[16 + 4 * k + i]), acc[r][i]);
+        for (int h = H0; h < H1; ++h) {
+          const __m512 q = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 8 * i + 4 * h), table);
+          const __m512 w = _mm512_fmadd_ps(dw, q, mw);
+          const float* xv = xb + 16 * h + 4 * k + i;
+          for (int r = 0; r < R; ++r)
+            acc[h - H0][r] = _mm512_fmadd_ps(w, _mm512_set1_ps(xv[r * a.ldx]), acc[h - H0][r]);
         }
       }
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
-    for (int r = 0; r < R; ++r) {
-      const __m512 qx = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
-      const float sx = a.sx[(r0 + r) * nb + b];
-      if constexpr (kQ41) {
-        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 32)));
-        y[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), _mm512_fmadd_ps(dw, qx, y[r]));
-      } else {
-        y[r] = _mm512_fmadd_ps(dw, _mm512_sub_ps(qx, _mm512_set1_ps(8.f * sx)), y[r]);
-      }
-    }
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.y + (r0 + r) * a.ldy + g * kGroupRows, y[r]);
+}
+
+template <bool kQ41, int R>
+void group(const Rows16FloatArgs& a, int64_t r0, int64_t g) {
+  float* y = a.y + r0 * a.ldy + g * kGroupRows;
+  if constexpr (R > kTileRows / 2) {
+    __m512 acc[1][R];
+    chains<kQ41, R, 0, 1>(a, r0, g, acc);
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * a.ldy, acc[0][r]);
+    chains<kQ41, R, 1, 2>(a, r0, g, acc);
+    for (int r = 0; r < R; ++r)
+      _mm512_storeu_ps(y + r * a.ldy, _mm512_add_ps(_mm512_loadu_ps(y + r * a.ldy), acc[0][r]));
+  } else {
+    __m512 acc[2][R];
+    chains<kQ41, R, 0, 2>(a, r0, g, acc);
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * a.ldy, _mm512_add_ps(acc[0][r], acc[1][r]));
+  }
 }
 
 template <bool kQ41>
 void run(const Rows16FloatArgs& a, int64_t g_begin, int64_t g_end) {
-  rows16_drive(a.rows, g_begin, g_end, [&a](auto rows, int64_t r0, int64_t g) {
+  rows16_drive<kTileRows>(a.rows, g_begin, g_end, [&a](auto rows, int64_t r0, int64_t g) {
     group<kQ41, decltype(rows)::value>(a, r0, g);
   });
 }

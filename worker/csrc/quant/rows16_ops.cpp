@@ -127,7 +127,6 @@ at::Tensor linear_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t 
   TORCH_CHECK(cpu_has(kAvx512), "rows16: this CPU has no AVX-512");
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const int64_t groups = packed.size(0), out = groups * kGroupRows, rows = xf.numel() / in;
-  const int64_t nb = in / kBlock;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = out;
   at::Tensor y = at::empty(shape, xf.options());
@@ -136,17 +135,10 @@ at::Tensor linear_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t 
     gemm_rows16(xf, packed, type, in, y);
     return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
   }
-  thread_local std::vector<float> sx;  // each row's block sums (the Q4 minimum's, offset's term)
-  sx.resize(rows * nb);
   const float* xp = xf.data_ptr<float>();
-  for (int64_t i = 0; i < rows * nb; ++i) {
-    float s = 0.f;
-    for (int j = 0; j < kBlock; ++j) s += xp[i * kBlock + j];
-    sx[i] = s;
-  }
 #if defined(__x86_64__)
   const Rows16FloatArgs args{static_cast<int>(type), packed.data_ptr<uint8_t>(), in, xp, in,
-                             sx.data(), rows, y.data_ptr<float>(), out};
+                             rows, y.data_ptr<float>(), out};
   const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows * kGroupRows));
   at::parallel_for(0, groups, grain, [&](int64_t b, int64_t e) { rows16_avx512(args, b, e); });
 #endif

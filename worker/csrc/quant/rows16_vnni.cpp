@@ -71,7 +71,7 @@ void group(const Rows16Args& a, int64_t r0, int64_t g) {
 
 template <bool kQ41>
 void run(const Rows16Args& a, int64_t g_begin, int64_t g_end) {
-  rows16_drive(a.rows, g_begin, g_end, [&a](auto rows, int64_t r0, int64_t g) {
+  rows16_drive<4>(a.rows, g_begin, g_end, [&a](auto rows, int64_t r0, int64_t g) {
     group<kQ41, decltype(rows)::value>(a, r0, g);
   });
 }
