@@ -4,8 +4,8 @@ Packing is a permutation of bytes: it must round-trip exactly, and a layer holdi
 dequantize to the very weight it was given. The exact kernel must equal the float64 product
 of the dequantized weight up to float32 rounding, as the per-row kernels do; the int8 kernel
 must compute the int8 rule (tests/worker/test_quant_int8.py) within its bound; both at every
-row count. A layer takes the tiles only where the CPU runs the kernel and the blocks are its
-own (never those of an embedding its head is tied to).
+row count. A layer takes the tiles only where the CPU runs its kernel (Q8_0: the exact one);
+an embedding whose tied head takes them reads its rows from the same tiles.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from worker.quant import kernels
 from worker.quant.layers import QuantizedEmbedding, QuantizedLinear
 
 Q4 = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1]
+EXACT = [*Q4, GGMLQuantizationType.Q8_0]  # the types the exact kernel runs
 SHAPES = [(16, 32), (48, 96), (208, 576), (64, 1536)]
-ROWS = [1, 2, 3, 4, 5, 9, 33]  # tiles of 4 activation rows and each remainder
+ROWS = [1, 2, 3, 4, 5, 9, 16, 33]  # the tiles (16 or 4 activation rows) and remainders
 GEMM_ROWS = [127, 128, 300]  # the exact path's prefill: a float GEMM from 128 rows
 RULE_TOLERANCE = 1e-5  # float32 rounding, relative to the output's largest magnitude
 ops = torch.ops.kvledger_quant
@@ -43,7 +44,7 @@ def avx512_or_skip(module) -> None:  # noqa: ANN001
         pytest.skip("this CPU has no AVX-512: layers keep the GGUF rows (tested below)")
 
 
-@pytest.mark.parametrize("qtype", Q4, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", EXACT, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_packing_round_trips(module, qtype, shape) -> None:  # noqa: ANN001
     out, inp = shape
@@ -55,9 +56,13 @@ def test_packing_round_trips(module, qtype, shape) -> None:  # noqa: ANN001
 
 
 def test_packing_refuses_what_it_cannot_hold(module) -> None:  # noqa: ANN001
+    q5, _ = quantized(32, 64, GGMLQuantizationType.Q5_0)
+    with pytest.raises(RuntimeError, match="ggml type 6 is not"):
+        ops.pack_rows16(q5, int(GGMLQuantizationType.Q5_0), 64)
     q8, _ = quantized(32, 64, GGMLQuantizationType.Q8_0)
-    with pytest.raises(RuntimeError, match="not Q4_0 or Q4_1"):
-        ops.pack_rows16(q8, int(GGMLQuantizationType.Q8_0), 64)
+    q8_tiles = ops.pack_rows16(q8, int(GGMLQuantizationType.Q8_0), 64)
+    with pytest.raises(RuntimeError, match="int8 kernel runs Q4_0 and Q4_1"):
+        ops.linear_int8_rows16(torch.ones(1, 64), q8_tiles, int(GGMLQuantizationType.Q8_0), 64)
     q4, _ = quantized(40, 64, GGMLQuantizationType.Q4_1)
     with pytest.raises(RuntimeError, match="not a multiple of 16"):
         ops.pack_rows16(q4, int(GGMLQuantizationType.Q4_1), 64)
@@ -66,7 +71,7 @@ def test_packing_refuses_what_it_cannot_hold(module) -> None:  # noqa: ANN001
         ops.unpack_rows16(tiles, int(GGMLQuantizationType.Q4_1), 96)
 
 
-@pytest.mark.parametrize("qtype", Q4, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", EXACT, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_exact_kernel_is_the_float_product(module, qtype, shape) -> None:  # noqa: ANN001
     avx512_or_skip(module)
@@ -81,7 +86,7 @@ def test_exact_kernel_is_the_float_product(module, qtype, shape) -> None:  # noq
         assert err <= RULE_TOLERANCE * want.abs().max().item(), (rows, err)
 
 
-@pytest.mark.parametrize("qtype", Q4, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", EXACT, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", [*SHAPES, (1040, 4096)], ids=str)
 def test_the_prefill_gemm_dequantizes_the_tiles_exactly(module, qtype, shape) -> None:  # noqa: ANN001
     """The GEMM path's operand, W^T in float32, is the GGUF dequantization value for value
@@ -163,17 +168,32 @@ def test_layers_take_tiles_only_where_they_run(module) -> None:  # noqa: ANN001
         assert torch.equal(layer.gguf_blocks(), blocks)
         assert torch.equal(layer.dequantized(), w)
     odd, _ = quantized(40, 64, q41)  # not whole groups of 16
-    q8, _ = quantized(48, 64, GGMLQuantizationType.Q8_0)
+    q8, w8 = quantized(48, 64, GGMLQuantizationType.Q8_0)
     for acts in ("float", "int8"):
         assert not QuantizedLinear(64, odd, int(q41), activations=acts).rows16
-        assert not QuantizedLinear(64, q8, int(GGMLQuantizationType.Q8_0), activations=acts).rows16
+        layer = QuantizedLinear(64, q8, int(GGMLQuantizationType.Q8_0), activations=acts)
+        assert layer.rows16 == (acts == "float" and avx512), acts  # Q8_0: the exact kernel only
+        assert torch.equal(layer.dequantized(), w8)
 
 
-def test_a_tied_head_keeps_the_embeddings_blocks(module) -> None:  # noqa: ANN001
-    q40 = GGMLQuantizationType.Q4_0
-    blocks, w = quantized(64, 64, q40)
-    embed = QuantizedEmbedding(64, blocks, int(q40))
-    for acts in ("float", "int8"):
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q8_0])
+def test_a_tied_head_shares_the_embeddings_blocks(module, qtype) -> None:  # noqa: ANN001
+    """One copy of the blocks, in the head's layout: where the head runs on tiles the
+    embedding's lookups read the tiles, and stay the exact dequantized rows either way."""
+    blocks, w = quantized(64, 64, qtype, seed=11)
+    embed = QuantizedEmbedding(64, blocks, int(qtype))
+    ids = torch.tensor([[0, 17], [63, 5]])
+    assert torch.equal(embed(ids), w[ids])
+    x = int8_activations(3, 64, 2)
+    for acts in ("float", "int8", "float"):
         head = embed.tied_head(activations=acts)
-        assert not head.rows16 and head.blocks.data_ptr() == embed.blocks.data_ptr()
-    assert torch.equal(embed(torch.tensor([0, 63])), w[[0, 63]])
+        assert head.blocks.data_ptr() == embed.blocks.data_ptr()
+        assert embed.rows16 == head.rows16 == kernels.rows16_runs(int(qtype), 64, acts, 0)
+        assert torch.equal(embed(ids), w[ids]), acts
+        assert torch.equal(head.gguf_blocks(), blocks)
+        if acts == "float":
+            want = x.double() @ w.double().T
+            err = (head(x).double() - want).abs().max().item()
+            assert err <= RULE_TOLERANCE * want.abs().max().item()
+    with pytest.raises(RuntimeError, match="out of range"):
+        embed(torch.tensor([64]))

@@ -76,14 +76,17 @@ def require() -> ModuleType:
     return module
 
 
-ROWS16_TYPES = (2, 3)  # Q4_0, Q4_1 (worker/csrc/quant/rows16.h)
+# The types each rows16 kernel runs (worker/csrc/quant/rows16.h): the exact one Q8_0 as well.
+ROWS16_TYPES = {"float": (2, 3, 8), "int8": (2, 3)}  # Q4_0, Q4_1, Q8_0
 
 
 def rows16_runs(ggml_type: int, out_features: int, activations: str, isa: int) -> bool:
     """Whether a layer of this type and size runs on rows16 tiles here: whole groups of 16
-    rows, the isa left to the CPU (or naming AVX-512), and an AVX-512 CPU (with VNNI for
-    int8 activations)."""
-    if ggml_type not in ROWS16_TYPES or out_features % 16 or isa not in (0, ISAS["avx512"]):
+    rows, a type the activations' kernel runs, the isa left to the CPU (or naming AVX-512),
+    and an AVX-512 CPU (with VNNI for int8 activations)."""
+    if ggml_type not in ROWS16_TYPES[activations] or out_features % 16:
+        return False
+    if isa not in (0, ISAS["avx512"]):
         return False
     module = require()
     if activations == "int8":
@@ -121,5 +124,11 @@ def _register_fakes() -> None:
     ) -> torch.Tensor:
         return x.new_empty(*x.shape[:-1], tiles.shape[0] * 16)
 
+    def dequantize_rows16(
+        tiles: torch.Tensor, ggml_type: int, in_features: int, ids: torch.Tensor
+    ) -> torch.Tensor:
+        return tiles.new_empty(*ids.shape, in_features, dtype=torch.float32)
+
     torch.library.register_fake("kvledger_quant::linear_rows16", linear_rows16)
     torch.library.register_fake("kvledger_quant::linear_int8_rows16", linear_rows16)
+    torch.library.register_fake("kvledger_quant::dequantize_rows16", dequantize_rows16)

@@ -60,7 +60,7 @@ class QuantizedLinear(nn.Module):
     gate/up), for `split`. `isa` forces a kernel path (`kernels.ISAS`); by default the
     `KVLEDGER_QUANT_ISA` environment variable, else the best this CPU runs. `activations`:
     "float" (the exact product) or "int8" (quantized activations, integer dot products).
-    `rows16=False` keeps the GGUF rows whatever the CPU (a head tied to an embedding's blocks).
+    `rows16=False` keeps the GGUF rows whatever the CPU.
     """
 
     def __init__(
@@ -96,7 +96,7 @@ class QuantizedLinear(nn.Module):
         self.isa = kernels.ISAS[isa] if isa is not None else kernels.isa_from_env()
         self.activations = activations
         self.op = ACTIVATIONS[activations]()
-        # the rows16 tiles replace the GGUF rows (never for blocks shared with an embedding)
+        # the rows16 tiles replace the GGUF rows (a tied embedding then reads the tiles)
         self.rows16 = rows16 and kernels.rows16_runs(
             self.ggml_type, self.out_features, activations, self.isa
         )
@@ -142,7 +142,8 @@ class QuantizedLinear(nn.Module):
 
 class QuantizedEmbedding(nn.Module):
     """Token embedding over `ggml_type` blocks [vocab, bytes_per_row]: each lookup dequantizes
-    only the rows asked for (exactly, as `gguf.quants.dequantize` does), in `dtype`."""
+    only the rows asked for (exactly, as `gguf.quants.dequantize` does), in `dtype`. Once a
+    tied head takes the blocks as rows16 tiles, the lookups read the tiles."""
 
     def __init__(
         self, dim: int, blocks: torch.Tensor, ggml_type: int, dtype: torch.dtype = torch.float32
@@ -153,14 +154,25 @@ class QuantizedEmbedding(nn.Module):
         self.dim = dim
         self.ggml_type = int(ggml_type)
         self.dtype = dtype
+        self.rows16 = False
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = torch.ops.kvledger_quant.dequantize(self.blocks, self.ggml_type, self.dim, ids)
+        if self.rows16:
+            rows = torch.ops.kvledger_quant.dequantize_rows16(
+                self.blocks, self.ggml_type, self.dim, ids
+            )
+        else:
+            rows = torch.ops.kvledger_quant.dequantize(self.blocks, self.ggml_type, self.dim, ids)
         return rows if self.dtype == torch.float32 else rows.to(self.dtype)
 
     def tied_head(self, isa: str | None = None, activations: str = "float") -> QuantizedLinear:
-        """The LM head that shares this embedding's blocks (no second copy)."""
-        return QuantizedLinear(
-            self.dim, self.blocks, self.ggml_type, isa=isa, activations=activations, rows16=False
-        )
+        """The LM head that shares this embedding's blocks (no second copy). Where the head
+        runs on rows16 tiles (the exact path on AVX-512: the 16-row decode step's head is its
+        largest product), the embedding gives up its GGUF rows and reads the head's tiles."""
+        blocks = self.blocks
+        if self.rows16:
+            blocks = torch.ops.kvledger_quant.unpack_rows16(blocks, self.ggml_type, self.dim)
+        head = QuantizedLinear(self.dim, blocks, self.ggml_type, isa=isa, activations=activations)
+        self.blocks, self.rows16 = head.blocks, head.rows16
+        return head

@@ -11,8 +11,11 @@
 //   m[16]    float16, row j's minimum (Q4_1 only)                      (32 bytes)
 //   q[4][64] chunk k: row j's bytes qs[4k .. 4k+3] at 4j .. 4j+3       (256 bytes)
 // so a chunk's low nibbles are values 4k .. 4k+3 of each row and its high nibbles values
-// 16+4k .. 16+4k+3 (blocks.h). A tile is 16 x the block's bytes: the layout costs no memory,
-// and it replaces the GGUF blocks (rows16.cpp converts both ways).
+// 16+4k .. 16+4k+3 (blocks.h). Q8_0 (the exact kernel only) keeps its values value-major:
+//   d[16]    float16, row j's scale                                   (32 bytes)
+//   q[32][16] int8, row j's value p at 16p + j                         (512 bytes)
+// so one sign extension loads value p of all sixteen rows. A tile is 16 x the block's bytes:
+// the layout costs no memory, and it replaces the GGUF blocks (rows16.cpp converts both ways).
 #pragma once
 
 #include <cstdint>
@@ -24,7 +27,9 @@ namespace kvledger::quant {
 
 constexpr int kGroupRows = 16;
 
-static inline bool rows16_type(int type) { return type == kQ4_0 || type == kQ4_1; }
+// The types the layout holds (the exact kernel runs all three), and the int8 kernel's.
+static inline bool rows16_type(int type) { return type == kQ4_0 || type == kQ4_1 || type == kQ8_0; }
+static inline bool rows16_int8_type(int type) { return type == kQ4_0 || type == kQ4_1; }
 
 // Bytes of one tile (16 rows x one block), and where its quants start.
 static inline int64_t rows16_tile_bytes(int type) { return kGroupRows * block_bytes(type); }
@@ -82,6 +87,8 @@ inline void rows16_drive(int64_t rows, int64_t g_begin, int64_t g_end, const Gro
 // GGUF rows [out, in / 32 blocks] <-> the rows16 layout (out a multiple of 16), byte for byte.
 void rows16_pack(const uint8_t* gguf, int type, int64_t out, int64_t in, uint8_t* dst);
 void rows16_unpack(const uint8_t* src, int type, int64_t out, int64_t in, uint8_t* gguf);
+// Row o of the tiles as one GGUF row (row_bytes), for an embedding's lookups.
+void rows16_unpack_row(const uint8_t* src, int type, int64_t in, int64_t o, uint8_t* gguf_row);
 
 void rows16_vnni512(const Rows16Args& a, int64_t g_begin, int64_t g_end);
 void rows16_avx512(const Rows16FloatArgs& a, int64_t g_begin, int64_t g_end);

@@ -5,8 +5,10 @@
 //   kvledger_quant::linear_rows16(x, tiles, ggml_type, in_features) -> y   (exact, AVX-512F)
 //   kvledger_quant::linear_int8_rows16(x, tiles, ggml_type, in_features) -> y   (AVX-512 VNNI)
 //   kvledger_quant::dequantize_rows16_t(tiles, ggml_type, in_features) -> W^T [in, out] float32
+//   kvledger_quant::dequantize_rows16(tiles, ggml_type, in_features, ids) -> float32 rows
 //
-// with the same contracts as linear.cpp's `linear` and `linear_int8` over GGUF rows.
+// with the same contracts as linear.cpp's `linear`, `linear_int8` and `dequantize` over GGUF
+// rows. Q4_0 and Q4_1 run both kernels; Q8_0 (a tied LM head's embedding) the exact one.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -19,7 +21,8 @@ namespace {
 // The rows16 layout (rows16.h): GGUF rows -> tiles, and back (for dequantizing, and tests).
 at::Tensor pack_rows16(const at::Tensor& blocks, int64_t type, int64_t in) {
   check_blocks(blocks, type, in);
-  TORCH_CHECK(rows16_type(static_cast<int>(type)), "rows16: ggml type ", type, " is not Q4_0 or Q4_1");
+  TORCH_CHECK(rows16_type(static_cast<int>(type)), "rows16: ggml type ", type,
+              " is not Q4_0, Q4_1 or Q8_0");
   TORCH_CHECK(blocks.size(0) % kGroupRows == 0, "rows16: ", blocks.size(0),
               " rows are not a multiple of ", kGroupRows);
   at::Tensor out = at::empty({blocks.size(0) / kGroupRows, blocks.size(1) * kGroupRows}, blocks.options());
@@ -29,7 +32,8 @@ at::Tensor pack_rows16(const at::Tensor& blocks, int64_t type, int64_t in) {
 }
 
 void check_rows16(const at::Tensor& packed, int64_t type, int64_t in) {
-  TORCH_CHECK(rows16_type(static_cast<int>(type)), "rows16: ggml type ", type, " is not Q4_0 or Q4_1");
+  TORCH_CHECK(rows16_type(static_cast<int>(type)), "rows16: ggml type ", type,
+              " is not Q4_0, Q4_1 or Q8_0");
   TORCH_CHECK(in > 0 && in % kBlock == 0, "rows16: in_features ", in, " is not a positive multiple of ",
               kBlock);
   TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == at::kByte && packed.dim() == 2 &&
@@ -51,6 +55,7 @@ at::Tensor unpack_rows16(const at::Tensor& packed, int64_t type, int64_t in) {
 // was ~3x faster than linear_int8's float fallback). AVX-512 VNNI only.
 at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t in) {
   check_rows16(packed, type, in);
+  TORCH_CHECK(rows16_int8_type(static_cast<int>(type)), "rows16: the int8 kernel runs Q4_0 and Q4_1");
   TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
               in, "]");
   TORCH_CHECK(cpu_has(kInt8 + kAvx512), "rows16: this CPU has no AVX-512 VNNI");
@@ -145,6 +150,31 @@ at::Tensor linear_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t 
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
+// Rows `ids` of the tiles in float32 [*ids.shape, in] (an embedding's lookups): each row back
+// to its GGUF bytes, then the GGUF rows' own dequantize, so the values are theirs exactly.
+at::Tensor dequantize_rows16(const at::Tensor& packed, int64_t type, int64_t in, const at::Tensor& ids) {
+  check_rows16(packed, type, in);
+  const at::Tensor idx = ids.to(at::kLong).contiguous();
+  const int64_t total = packed.size(0) * kGroupRows, n = idx.numel();
+  const int64_t* id = idx.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(id[i] >= 0 && id[i] < total, "dequantize: row ", id[i], " out of range");
+  std::vector<int64_t> shape(idx.sizes().begin(), idx.sizes().end());
+  shape.push_back(in);
+  at::Tensor out = at::empty(shape, packed.options().dtype(at::kFloat));
+  const uint8_t* src = packed.data_ptr<uint8_t>();
+  float* dst = out.data_ptr<float>();
+  const int64_t row_bytes = in / kBlock * block_bytes(static_cast<int>(type));
+  at::parallel_for(0, n, std::max<int64_t>(1, kMinWorkPerTask / in), [&](int64_t b, int64_t e) {
+    std::vector<uint8_t> row(row_bytes);
+    for (int64_t i = b; i < e; ++i) {
+      rows16_unpack_row(src, static_cast<int>(type), in, id[i], row.data());
+      dequantize_row(static_cast<int>(type), row.data(), in, dst + i * in);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kvledger_quant, m) {
@@ -153,6 +183,7 @@ TORCH_LIBRARY_FRAGMENT(kvledger_quant, m) {
   m.def("linear_rows16(Tensor x, Tensor tiles, int ggml_type, int in_features) -> Tensor");
   m.def("linear_int8_rows16(Tensor x, Tensor tiles, int ggml_type, int in_features) -> Tensor");
   m.def("dequantize_rows16_t(Tensor tiles, int ggml_type, int in_features) -> Tensor");
+  m.def("dequantize_rows16(Tensor tiles, int ggml_type, int in_features, Tensor ids) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kvledger_quant, CPU, m) {
@@ -161,6 +192,7 @@ TORCH_LIBRARY_IMPL(kvledger_quant, CPU, m) {
   m.impl("linear_rows16", &linear_rows16);
   m.impl("linear_int8_rows16", &linear_int8_rows16);
   m.impl("dequantize_rows16_t", &dequantize_rows16_t);
+  m.impl("dequantize_rows16", &dequantize_rows16);
 }
 
 }  // namespace kvledger::quant
