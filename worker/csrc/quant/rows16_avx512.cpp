@@ -69,6 +69,7 @@ void chains(const Rows16FloatArgs& a, int64_t r0, int64_t g, __m512 (&acc)[H1 - 
     for (int64_t l = 0; l < tile; l += 64) _mm_prefetch(reinterpret_cast<const char*>(t + kPrefetch + l), _MM_HINT_T0);
     const Factors<kType> f(t);
     const float* xb = x + b * kBlock;
+#pragma GCC unroll 16  // constant shifts and offsets for every value
     for (int v = 0; v < 16; ++v) {
       for (int h = H0; h < H1; ++h) {
         const __m512 w = value<kType>(t, 16 * h + v, f);
@@ -112,6 +113,7 @@ void dequantize_t(const uint8_t* w, int64_t in, float* wt, int64_t ldw, int64_t 
     for (int64_t b = 0; b < nb; ++b, t += tile) {
       const Factors<kType> f(t);
       float* col = wt + b * kBlock * ldw + (g - g_begin) * kGroupRows;
+#pragma GCC unroll 32
       for (int v = 0; v < kBlock; ++v) _mm512_storeu_ps(col + v * ldw, value<kType>(t, v, f));
     }
   }
