@@ -4,8 +4,9 @@ Packing is a permutation of bytes: it must round-trip exactly, and a layer holdi
 dequantize to the very weight it was given. The exact kernel must equal the float64 product
 of the dequantized weight up to float32 rounding, as the per-row kernels do; the int8 kernel
 must compute the int8 rule (tests/worker/test_quant_int8.py) within its bound; both at every
-row count. A layer takes the tiles only where the CPU runs its kernel (Q8_0: the exact one);
-an embedding whose tied head takes them reads its rows from the same tiles.
+row count (int8 activations on Q8_0 tiles run the exact kernel on the int8 activations,
+dequantized). A layer takes the tiles only where the CPU runs its kernel; an embedding whose
+tied head takes them reads its rows from the same tiles.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from worker.quant import kernels
 from worker.quant.layers import QuantizedEmbedding, QuantizedLinear
 
 Q4 = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1]
-EXACT = [*Q4, GGMLQuantizationType.Q8_0]  # the types the exact kernel runs
+TYPES = [*Q4, GGMLQuantizationType.Q8_0]  # the types tiles hold
 SHAPES = [(16, 32), (48, 96), (208, 576), (64, 1536)]
 ROWS = [1, 2, 3, 4, 5, 9, 16, 33]  # the tiles (16 or 4 activation rows) and remainders
 GEMM_ROWS = [127, 128, 300]  # the exact path's prefill: a float GEMM from 128 rows
@@ -44,7 +45,7 @@ def avx512_or_skip(module) -> None:  # noqa: ANN001
         pytest.skip("this CPU has no AVX-512: layers keep the GGUF rows (tested below)")
 
 
-@pytest.mark.parametrize("qtype", EXACT, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_packing_round_trips(module, qtype, shape) -> None:  # noqa: ANN001
     out, inp = shape
@@ -59,10 +60,7 @@ def test_packing_refuses_what_it_cannot_hold(module) -> None:  # noqa: ANN001
     q5, _ = quantized(32, 64, GGMLQuantizationType.Q5_0)
     with pytest.raises(RuntimeError, match="ggml type 6 is not"):
         ops.pack_rows16(q5, int(GGMLQuantizationType.Q5_0), 64)
-    q8, _ = quantized(32, 64, GGMLQuantizationType.Q8_0)
-    q8_tiles = ops.pack_rows16(q8, int(GGMLQuantizationType.Q8_0), 64)
-    with pytest.raises(RuntimeError, match="int8 kernel runs Q4_0 and Q4_1"):
-        ops.linear_int8_rows16(torch.ones(1, 64), q8_tiles, int(GGMLQuantizationType.Q8_0), 64)
+
     q4, _ = quantized(40, 64, GGMLQuantizationType.Q4_1)
     with pytest.raises(RuntimeError, match="not a multiple of 16"):
         ops.pack_rows16(q4, int(GGMLQuantizationType.Q4_1), 64)
@@ -71,7 +69,7 @@ def test_packing_refuses_what_it_cannot_hold(module) -> None:  # noqa: ANN001
         ops.unpack_rows16(tiles, int(GGMLQuantizationType.Q4_1), 96)
 
 
-@pytest.mark.parametrize("qtype", EXACT, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_exact_kernel_is_the_float_product(module, qtype, shape) -> None:  # noqa: ANN001
     avx512_or_skip(module)
@@ -86,7 +84,7 @@ def test_exact_kernel_is_the_float_product(module, qtype, shape) -> None:  # noq
         assert err <= RULE_TOLERANCE * want.abs().max().item(), (rows, err)
 
 
-@pytest.mark.parametrize("qtype", EXACT, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", [*SHAPES, (1040, 4096)], ids=str)
 def test_the_prefill_gemm_dequantizes_the_tiles_exactly(module, qtype, shape) -> None:  # noqa: ANN001
     """The GEMM path's operand, W^T in float32, is the GGUF dequantization value for value
@@ -105,7 +103,7 @@ def test_the_prefill_gemm_dequantizes_the_tiles_exactly(module, qtype, shape) ->
     assert layer(x).shape == (2, 128, out) and err <= RULE_TOLERANCE * want.abs().max().item()
 
 
-@pytest.mark.parametrize("qtype", Q4, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_int8_kernel_computes_the_int8_rule(module, qtype, shape) -> None:  # noqa: ANN001
     vnni_or_skip(module)
@@ -172,7 +170,7 @@ def test_layers_take_tiles_only_where_they_run(module) -> None:  # noqa: ANN001
     for acts in ("float", "int8"):
         assert not QuantizedLinear(64, odd, int(q41), activations=acts).rows16
         layer = QuantizedLinear(64, q8, int(GGMLQuantizationType.Q8_0), activations=acts)
-        assert layer.rows16 == (acts == "float" and avx512), acts  # Q8_0: the exact kernel only
+        assert layer.rows16 == (vnni if acts == "int8" else avx512), acts
         assert torch.equal(layer.dequantized(), w8)
 
 

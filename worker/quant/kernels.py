@@ -76,17 +76,16 @@ def require() -> ModuleType:
     return module
 
 
-# The types each rows16 kernel runs (worker/csrc/quant/rows16.h): the exact one Q8_0 as well.
-ROWS16_TYPES = {"float": (2, 3, 8), "int8": (2, 3)}  # Q4_0, Q4_1, Q8_0
+# Q4_0, Q4_1, Q8_0 (worker/csrc/quant/rows16.h; with int8 activations Q8_0 tiles take the
+# exact kernel on the int8 activations dequantized)
+ROWS16_TYPES = (2, 3, 8)
 
 
 def rows16_runs(ggml_type: int, out_features: int, activations: str, isa: int) -> bool:
     """Whether a layer of this type and size runs on rows16 tiles here: whole groups of 16
-    rows, a type the activations' kernel runs, the isa left to the CPU (or naming AVX-512),
-    and an AVX-512 CPU (with VNNI for int8 activations)."""
-    if ggml_type not in ROWS16_TYPES[activations] or out_features % 16:
-        return False
-    if isa not in (0, ISAS["avx512"]):
+    rows, the isa left to the CPU (or naming AVX-512), and an AVX-512 CPU (with VNNI for
+    int8 activations)."""
+    if ggml_type not in ROWS16_TYPES or out_features % 16 or isa not in (0, ISAS["avx512"]):
         return False
     module = require()
     if activations == "int8":

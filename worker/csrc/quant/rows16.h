@@ -11,7 +11,7 @@
 //   m[16]    float16, row j's minimum (Q4_1 only)                      (32 bytes)
 //   q[4][64] chunk k: row j's bytes qs[4k .. 4k+3] at 4j .. 4j+3       (256 bytes)
 // so a chunk's low nibbles are values 4k .. 4k+3 of each row and its high nibbles values
-// 16+4k .. 16+4k+3 (blocks.h). Q8_0 (the exact kernel only) keeps its values value-major:
+// 16+4k .. 16+4k+3 (blocks.h). Q8_0 (the exact kernel's) keeps its values value-major:
 //   d[16]    float16, row j's scale                                   (32 bytes)
 //   q[32][16] int8, row j's value p at 16p + j                         (512 bytes)
 // so one sign extension loads value p of all sixteen rows. A tile is 16 x the block's bytes:
@@ -27,7 +27,8 @@ namespace kvledger::quant {
 
 constexpr int kGroupRows = 16;
 
-// The types the layout holds (the exact kernel runs all three), and the int8 kernel's.
+// The types the layout holds (the exact kernel runs all three), and the VNNI kernel's (int8
+// activations on Q8_0 tiles go through the exact kernel, dequantized: rows16_ops.cpp).
 static inline bool rows16_type(int type) { return type == kQ4_0 || type == kQ4_1 || type == kQ8_0; }
 static inline bool rows16_int8_type(int type) { return type == kQ4_0 || type == kQ4_1; }
 

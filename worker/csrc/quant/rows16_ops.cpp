@@ -8,7 +8,8 @@
 //   kvledger_quant::dequantize_rows16(tiles, ggml_type, in_features, ids) -> float32 rows
 //
 // with the same contracts as linear.cpp's `linear`, `linear_int8` and `dequantize` over GGUF
-// rows. Q4_0 and Q4_1 run both kernels; Q8_0 (a tied LM head's embedding) the exact one.
+// rows. Q4_0 and Q4_1 run both kernels; Q8_0 (a tied LM head's embedding) the exact one, with
+// int8 activations dequantized for it.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -55,7 +56,6 @@ at::Tensor unpack_rows16(const at::Tensor& packed, int64_t type, int64_t in) {
 // was ~3x faster than linear_int8's float fallback). AVX-512 VNNI only.
 at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t in) {
   check_rows16(packed, type, in);
-  TORCH_CHECK(rows16_int8_type(static_cast<int>(type)), "rows16: the int8 kernel runs Q4_0 and Q4_1");
   TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
               in, "]");
   TORCH_CHECK(cpu_has(kInt8 + kAvx512), "rows16: this CPU has no AVX-512 VNNI");
@@ -66,6 +66,19 @@ at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int
   at::Tensor y = at::empty(shape, xf.options());
   if (rows == 0 || out == 0) return y.to(x.scalar_type());
 #if defined(__x86_64__)
+  if (!rows16_int8_type(static_cast<int>(type))) {
+    // Q8_0 tiles (a tied head's): the same quantized activations, dequantized, through the
+    // exact kernel, as linear_int8 does from 4 rows; equal to the integer sums up to rounding
+    const Int8Acts acts = quantized(xf, rows, in, kAvx512, false);
+    thread_local std::vector<float> xdq;
+    xdq.resize(rows * in);
+    for (int64_t i = 0; i < rows * in; ++i) xdq[i] = static_cast<float>(acts.q[i]) * acts.d[i / kBlock];
+    const Rows16FloatArgs args{static_cast<int>(type), packed.data_ptr<uint8_t>(), in, xdq.data(),
+                               in, rows, y.data_ptr<float>(), out};
+    const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows * kGroupRows));
+    at::parallel_for(0, groups, grain, [&](int64_t b, int64_t e) { rows16_avx512(args, b, e); });
+    return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  }
   const Rows16Args args{static_cast<int>(type), packed.data_ptr<uint8_t>(), in,
                         quantized(xf, rows, in, kAvx512, false), rows, y.data_ptr<float>(), out};
   const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows * kGroupRows));
