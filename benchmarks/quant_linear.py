@@ -9,6 +9,8 @@ median ms of `y = x @ W.T` as the worker runs it in float32 (`CpuMatmul`: oneDNN
 weight, and the input-major copy a small model keeps for one row) and as `QuantizedLinear` over
 the same weights quantized by `gguf.quants.quantize`, with the bytes each holds and the
 quantized output's largest error relative to the float32 product of the dequantized weight.
+Where the layer takes sixteen-row tiles (AVX-512), the same layer on its GGUF rows (the
+per-row kernels, `rows16=False`) is timed beside it ("rows").
 --activations int8 times the int8-activation kernels (`--quantization gguf-int8`) instead.
 Timings take turns (A/B interleaved, `linear_layouts.median_ms`) so drifts hit both alike; on a
 shared machine read them as rough ratios.
@@ -55,8 +57,11 @@ def main() -> None:
         f"torch {torch.__version__}, {args.threads} threads, isa {args.isa}, "
         f"{args.activations} activations; median ms"
     )
-    print("| weight | [out, in] | type | rows | float32 | quantized | f32 / quant | MiB f32 -> q |")
-    print("|---|---|---|---:|---:|---:|---:|---|")
+    print(
+        "| weight | [out, in] | type | rows | float32 | quantized | f32 / quant | GGUF rows "
+        "| MiB f32 -> q |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|---|")
     for name, (out_f, in_f) in SHAPES.items():
         w = rng.standard_normal((out_f, in_f), dtype=np.float32) / in_f**0.5
         for type_name in args.types.split(","):
@@ -64,26 +69,32 @@ def main() -> None:
             blocks = quantize(w, qtype)
             dq = torch.from_numpy(dequantize(blocks, qtype).copy())
             dense = CpuMatmul(dq, both_layouts=True)
-            quant = QuantizedLinear(
-                in_f,
-                torch.from_numpy(blocks.copy()),
-                int(qtype),
-                isa=args.isa,
-                activations=args.activations,
-            )
+            layers = {
+                kind: QuantizedLinear(
+                    in_f,
+                    torch.from_numpy(blocks.copy()),
+                    int(qtype),
+                    isa=args.isa,
+                    activations=args.activations,
+                    rows16=kind == "q",
+                )
+                for kind in ("q", "rows")
+            }
+            quant = layers["q"]
             for rows in map(int, args.rows.split(",")):
                 x = torch.randn(rows, in_f)
+                fns = {"f32": lambda x=x, d=dense: d(x), "q": lambda x=x, q=quant: q(x)}
+                if quant.rows16:
+                    fns["rows"] = lambda x=x, q=layers["rows"]: q(x)
                 with torch.inference_mode():
-                    ms = median_ms(
-                        {"f32": lambda x=x, d=dense: d(x), "q": lambda x=x, q=quant: q(x)},
-                        args.repeats,
-                    )
+                    ms = median_ms(fns, args.repeats)
                     ref = dense(x)
                     err = ((quant(x) - ref).abs().max() / ref.abs().max()).item()
                 mib = f"{dq.numel() * 4 / 2**20:.1f} -> {blocks.nbytes / 2**20:.1f}"
+                rows_ms = f"{ms['rows']:.3f}" if "rows" in ms else "-"
                 print(
                     f"| {name} | [{out_f}, {in_f}] | {type_name} | {rows} | {ms['f32']:.3f} | "
-                    f"{ms['q']:.3f} ({err:.0e}) | {ms['f32'] / ms['q']:.2f}x | {mib} |"
+                    f"{ms['q']:.3f} ({err:.0e}) | {ms['f32'] / ms['q']:.2f}x | {rows_ms} | {mib} |"
                 )
 
 
