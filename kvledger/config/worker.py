@@ -91,7 +91,8 @@ class WorkerSettings(
         "with compiled CPU kernels (logits within 1e-3 of the dequantized model, ~1/4-1/7 of "
         "the float32 memory; CPU and -tp 1 only); gguf-int8 as gguf, with the activations "
         "quantized to int8 per block of 32 as llama.cpp does (integer dot products, AVX-512 "
-        "VNNI where the CPU has it: faster at one row; logits within 5e-2 x the largest logit "
+        "VNNI where the CPU has it: faster at one row; Q8_0 weights on AVX-512 take the float "
+        "kernel on the int8-rounded activations; logits within 5e-2 x the largest logit "
         "of the dequantized model instead of 1e-3); none dequantizes every weight to --dtype; "
         "auto (the default): gguf where it can run, else none",
         choices=QUANTIZATIONS,

@@ -65,8 +65,9 @@ def ensure_engine(log: Path) -> None:
 
 
 def require_free_disk(paths: list[str], need_gib: float) -> None:
-    """Fails at once, naming the path and the figures, where a build would run out of disk."""
-    for path in paths:
+    """Fails at once, naming the path and the figures, where a build would run out of disk
+    (a path not on this host, as a remote engine's data root, is not checked)."""
+    for path in filter(os.path.exists, paths):
         free = shutil.disk_usage(path).free / 2**30
         assert free >= need_gib, (
             f"{free:.1f} GiB free on the disk of {path}; building the compose images "

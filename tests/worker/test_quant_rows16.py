@@ -126,7 +126,8 @@ def test_int8_kernel_computes_the_int8_rule(module, qtype, shape) -> None:  # no
 
 
 @pytest.mark.parametrize("acts", ["float", "int8"])
-def test_a_row_does_not_depend_on_its_batch(module, acts) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0])
+def test_a_row_does_not_depend_on_its_batch(module, acts, qtype) -> None:  # noqa: ANN001
     """Bit for bit: 19 rows run as tiles of 16, 2 and 1 (the exact kernel's sixteen-row tile
     runs its two chains one after the other, smaller tiles both at once), each row alone as a
     tile of one."""
@@ -134,7 +135,6 @@ def test_a_row_does_not_depend_on_its_batch(module, acts) -> None:  # noqa: ANN0
         vnni_or_skip(module)
     else:
         avx512_or_skip(module)
-    qtype = GGMLQuantizationType.Q4_1
     blocks, _ = quantized(96, 576, qtype, seed=3)
     layer = QuantizedLinear(576, blocks, int(qtype), activations=acts)
     assert layer.rows16
@@ -187,11 +187,15 @@ def test_a_tied_head_shares_the_embeddings_blocks(module, qtype) -> None:  # noq
         head = embed.tied_head(activations=acts)
         assert head.blocks.data_ptr() == embed.blocks.data_ptr()
         assert embed.rows16 == head.rows16 == kernels.rows16_runs(int(qtype), 64, acts, 0)
+        assert torch.equal(embed.blocks, blocks) != embed.rows16  # tiles are the bytes regrouped
         assert torch.equal(embed(ids), w[ids]), acts
         assert torch.equal(head.gguf_blocks(), blocks)
         if acts == "float":
             want = x.double() @ w.double().T
-            err = (head(x).double() - want).abs().max().item()
-            assert err <= RULE_TOLERANCE * want.abs().max().item()
+        else:  # the int8 rule, as the GGUF rows' scalar path computes it
+            ref = QuantizedLinear(64, blocks, int(qtype), isa="scalar", activations="int8")
+            want = ref(x).double()
+        err = (head(x).double() - want).abs().max().item()
+        assert err <= RULE_TOLERANCE * want.abs().max().item(), acts
     with pytest.raises(RuntimeError, match="out of range"):
         embed(torch.tensor([64]))

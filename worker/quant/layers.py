@@ -11,8 +11,8 @@ input row is quantized to int8 per block of 32 (as llama.cpp's Q8 activations) a
 by integer dot products (AVX-512 VNNI where the CPU has it): faster at a decode step, and off
 the exact product by the activations' rounding (docs/architecture.md states the bound).
 
-On an AVX-512 CPU (with VNNI for int8 activations) a Q4_0/Q4_1 layer of whole groups of 16
-rows regroups its blocks sixteen rows at a time (`worker/csrc/quant/rows16.h`: the same bytes,
+On an AVX-512 CPU (with VNNI for int8 activations) a Q4_0/Q4_1/Q8_0 layer of whole groups of
+16 rows regroups its blocks sixteen rows at a time (`worker/csrc/quant/rows16.h`: the same bytes,
 no second copy) for kernels that spend a fraction of the per-row kernels' cycles a block
 (`linear_rows16`, `linear_int8_rows16`); `gguf_blocks()` gives the GGUF rows back. From 128
 rows (a prefill) `linear_rows16` dequantizes the tiles into a float32 scratch and multiplies
@@ -36,7 +36,7 @@ ACTIVATIONS = {
     "int8": lambda: torch.ops.kvledger_quant.linear_int8,
 }
 
-# the same over rows16 tiles (Q4_0/Q4_1 on AVX-512: worker/csrc/quant/rows16.h)
+# the same over rows16 tiles (Q4_0/Q4_1/Q8_0 on AVX-512: worker/csrc/quant/rows16.h)
 ROWS16_OPS = {
     "float": lambda: torch.ops.kvledger_quant.linear_rows16,
     "int8": lambda: torch.ops.kvledger_quant.linear_int8_rows16,
@@ -168,8 +168,9 @@ class QuantizedEmbedding(nn.Module):
 
     def tied_head(self, isa: str | None = None, activations: str = "float") -> QuantizedLinear:
         """The LM head that shares this embedding's blocks (no second copy). Where the head
-        runs on rows16 tiles (the exact path on AVX-512: the 16-row decode step's head is its
-        largest product), the embedding gives up its GGUF rows and reads the head's tiles."""
+        runs on rows16 tiles (AVX-512: the 16-row decode step's head is its largest product),
+        the embedding gives up its GGUF rows and reads the head's tiles. Called once, by the
+        loader: a later call makes a new head, and an earlier one keeps its own tiles."""
         blocks = self.blocks
         if self.rows16:
             blocks = torch.ops.kvledger_quant.unpack_rows16(blocks, self.ggml_type, self.dim)

@@ -1,5 +1,5 @@
-// The rows16 layout: Q4_0 and Q4_1 weights regrouped sixteen output rows at a time, so that
-// each 32-bit lane of a 512-bit register holds quants of one of sixteen rows: one VNNI
+// The rows16 layout: Q4_0, Q4_1 and Q8_0 weights regrouped sixteen output rows at a time: for
+// Q4, each 32-bit lane of a 512-bit register holds quants of one of sixteen rows: one VNNI
 // instruction multiplies four quants of each row by the same four int8 activations (a 32-bit
 // broadcast; rows16_vnni.cpp), or a shift and a table lookup make one value of each row a
 // float for one FMA (rows16_avx512.cpp, the exact path); a block's sixteen scales are one

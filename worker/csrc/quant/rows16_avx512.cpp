@@ -12,8 +12,8 @@
 // old tiles of four took 27). A row's sum is two chains, values 0..15 and 16..31 of every
 // block in order, added at the end: sixteen rows hold 32 accumulators, more than the registers
 // with the weights, so they run the two chains one after the other (the low chain's sums wait
-// in y), fewer rows run both at once, and every tile gives a row the same sums: its output
-// never depends on its batch. Function-level target, chosen at run time where the CPU reports
+// in y), fewer rows run both at once, and every tile gives a row the same sums: below the GEMM
+// path's 128 rows (rows16_ops.cpp) its output does not depend on its batch. Function-level target, chosen at run time where the CPU reports
 // AVX-512F (rows16_ops.cpp).
 #include "rows16.h"
 

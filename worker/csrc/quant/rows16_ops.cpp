@@ -8,8 +8,8 @@
 //   kvledger_quant::dequantize_rows16(tiles, ggml_type, in_features, ids) -> float32 rows
 //
 // with the same contracts as linear.cpp's `linear`, `linear_int8` and `dequantize` over GGUF
-// rows. Q4_0 and Q4_1 run both kernels; Q8_0 (a tied LM head's embedding) the exact one, with
-// int8 activations dequantized for it.
+// rows. Q4_0 and Q4_1 run both kernels; Q8_0 the exact one, with int8 activations dequantized
+// for it.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -52,8 +52,9 @@ at::Tensor unpack_rows16(const at::Tensor& packed, int64_t type, int64_t in) {
 }
 
 // linear_int8 over rows16 tiles: the same quantized activations and terms, every row count
-// through one kernel (its unpacking of a tile serves up to 4 activation rows; at 512 rows it
-// was ~3x faster than linear_int8's float fallback). AVX-512 VNNI only.
+// through one kernel (Q4: the VNNI kernel, whose unpacking of a tile serves up to 4 activation
+// rows; at 512 rows it was ~3x faster than linear_int8's float fallback; Q8_0: the exact
+// kernel on the activations dequantized). AVX-512 VNNI only.
 at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t in) {
   check_rows16(packed, type, in);
   TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
