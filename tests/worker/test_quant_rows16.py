@@ -182,6 +182,8 @@ def test_a_tied_head_shares_the_embeddings_blocks(module, qtype) -> None:  # noq
     embed = QuantizedEmbedding(64, blocks, int(qtype))
     ids = torch.tensor([[0, 17], [63, 5]])
     assert torch.equal(embed(ids), w[ids])
+    with pytest.raises(RuntimeError, match="out of range"):  # GGUF rows
+        embed(torch.tensor([64]))
     x = int8_activations(3, 64, 2)
     for acts in ("float", "int8", "float"):
         head = embed.tied_head(activations=acts)
@@ -197,5 +199,5 @@ def test_a_tied_head_shares_the_embeddings_blocks(module, qtype) -> None:  # noq
             want = ref(x).double()
         err = (head(x).double() - want).abs().max().item()
         assert err <= RULE_TOLERANCE * want.abs().max().item(), acts
-    with pytest.raises(RuntimeError, match="out of range"):
-        embed(torch.tensor([64]))
+    with pytest.raises(RuntimeError, match="out of range"):  # the tiles, where taken
+        embed(torch.tensor([-1]))

@@ -84,6 +84,17 @@ void check_blocks(const at::Tensor& blocks, int64_t type, int64_t in) {
               blocks.size(1), " bytes do not hold ", in, " values of type ", type);
 }
 
+std::pair<at::Tensor, at::Tensor> lookup(const at::Tensor& ids, int64_t total, int64_t in,
+                                         const at::TensorOptions& options) {
+  at::Tensor idx = ids.to(at::kLong).contiguous();
+  const int64_t* id = idx.data_ptr<int64_t>();
+  for (int64_t i = 0; i < idx.numel(); ++i)
+    TORCH_CHECK(id[i] >= 0 && id[i] < total, "dequantize: row ", id[i], " out of range");
+  std::vector<int64_t> shape(idx.sizes().begin(), idx.sizes().end());
+  shape.push_back(in);
+  return {idx, at::empty(shape, options.dtype(at::kFloat))};
+}
+
 namespace {
 
 int64_t best_isa() {
@@ -171,15 +182,11 @@ at::Tensor dequantize(const at::Tensor& blocks, int64_t type, int64_t in,
                       const std::optional<at::Tensor>& ids) {
   check_blocks(blocks, type, in);
   const int64_t total = blocks.size(0);
-  at::Tensor idx = ids.has_value() ? ids->to(at::kLong).contiguous()
-                                   : at::arange(total, blocks.options().dtype(at::kLong));
+  const auto [idx, out] = lookup(
+      ids.has_value() ? *ids : at::arange(total, blocks.options().dtype(at::kLong)), total, in,
+      blocks.options());
   const int64_t n = idx.numel();
   const int64_t* id = idx.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i)
-    TORCH_CHECK(id[i] >= 0 && id[i] < total, "dequantize: row ", id[i], " out of range");
-  std::vector<int64_t> shape(idx.sizes().begin(), idx.sizes().end());
-  shape.push_back(in);
-  at::Tensor out = at::empty(shape, blocks.options().dtype(at::kFloat));
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
   const int64_t row_bytes = blocks.size(1);

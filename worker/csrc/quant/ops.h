@@ -21,6 +21,11 @@ bool cpu_has(int64_t isa);
 // blocks: a contiguous CPU uint8 [out, in / 32 * block bytes] of a known type, or an error.
 void check_blocks(const at::Tensor& blocks, int64_t type, int64_t in);
 
+// A lookup of rows `ids` among `total`: the ids as contiguous int64, each checked to lie in
+// [0, total), and the float32 output [*ids.shape, in] (dequantize, dequantize_rows16).
+std::pair<at::Tensor, at::Tensor> lookup(const at::Tensor& ids, int64_t total, int64_t in,
+                                         const at::TensorOptions& options);
+
 // xf's rows quantized per block (blocks.h, `Int8Acts`) into the calling thread's scratch.
 Int8Acts quantized(const at::Tensor& xf, int64_t rows, int64_t in, int64_t isa, bool vectors);
 

@@ -168,14 +168,9 @@ at::Tensor linear_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t 
 // to its GGUF bytes, then the GGUF rows' own dequantize, so the values are theirs exactly.
 at::Tensor dequantize_rows16(const at::Tensor& packed, int64_t type, int64_t in, const at::Tensor& ids) {
   check_rows16(packed, type, in);
-  const at::Tensor idx = ids.to(at::kLong).contiguous();
-  const int64_t total = packed.size(0) * kGroupRows, n = idx.numel();
+  const auto [idx, out] = lookup(ids, packed.size(0) * kGroupRows, in, packed.options());
+  const int64_t n = idx.numel();
   const int64_t* id = idx.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i)
-    TORCH_CHECK(id[i] >= 0 && id[i] < total, "dequantize: row ", id[i], " out of range");
-  std::vector<int64_t> shape(idx.sizes().begin(), idx.sizes().end());
-  shape.push_back(in);
-  at::Tensor out = at::empty(shape, packed.options().dtype(at::kFloat));
   const uint8_t* src = packed.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
   const int64_t row_bytes = in / kBlock * block_bytes(static_cast<int>(type));
