@@ -9,7 +9,8 @@ layers it replaces (`PackedLinear.split` included), so the forward pass does not
 With `activations="int8"` the layer runs `torch.ops.kvledger_quant.linear_int8` instead: each
 input row is quantized to int8 per block of 32 (as llama.cpp's Q8 activations) and multiplied
 by integer dot products (AVX-512 VNNI where the CPU has it): faster at a decode step, and off
-the exact product by the activations' rounding (docs/architecture.md states the bound).
+the exact product by the activations' rounding (docs/architecture.md states the bound). Q8_0
+tiles (below) take those rounded activations through the float tile kernel instead.
 
 On an AVX-512 CPU (with VNNI for int8 activations) a Q4_0/Q4_1/Q8_0 layer of whole groups of
 16 rows regroups its blocks sixteen rows at a time (`worker/csrc/quant/rows16.h`: the same bytes,
