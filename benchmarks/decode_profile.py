@@ -15,7 +15,10 @@ drift in machine load falls on all alike:
 - `forward`: the decoder layers and the final norm;
 - `head`: the LM head over the last row;
 - `sample`: the sampler (greedy);
-- `step`: the whole `execute`, for the parts' sum to be checked against.
+- `step`: the whole `execute`, for the parts' sum to be checked against;
+- `alone`: with the CPU attention kernel, the same step with every sequence attending alone
+  (no shared-prefix groups, `worker/attention/shared_prefix.py`): with --shared-prefix, what
+  attending over the shared blocks once per group saves. Not part of the sum.
 
 With --threads 1 each part is timed by the calling thread's CPU clock (`time.thread_time`), not
 the wall clock: on a machine shared with other busy processes that leaves out the time they held
@@ -37,6 +40,7 @@ from pathlib import Path
 import torch
 
 from kvledger.models import ensure_tiny_llama, smollm2_path
+from worker.attention.cpu_backend import CpuPagedAttention
 from worker.runner.batch import SeqChunk, prepare_batch
 from worker.runner.model_runner import ModelRunner
 
@@ -87,13 +91,25 @@ def parts(runner: ModelRunner, chunks: list[SeqChunk]) -> dict[str, Callable[[],
         b = prepare_batch(chunks, limits, runner.device, runner.config.sliding_window)
         return runner.backend.plan(b.attn)
 
-    return {
+    fns = {
         "batch": prep,
         "forward": lambda: model(batch.input_ids, batch.positions, plan),
         "head": lambda: model.compute_logits(last),
         "sample": lambda: runner.sampler(logits, chunks),
         "step": lambda: runner.execute(chunks),
     }
+    backend = runner.backend
+    if isinstance(backend, CpuPagedAttention) and len(chunks) > 1:
+
+        def alone() -> object:
+            backend.share_prefixes = False
+            try:
+                return runner.execute(chunks)
+            finally:
+                backend.share_prefixes = True
+
+        fns["alone"] = alone
+    return fns
 
 
 def race(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -164,7 +180,7 @@ def main() -> None:
         f"{torch.get_num_threads()} threads, median of {args.repeats}"
         + (" (CPU time)" if torch.get_num_threads() == 1 else " (wall time)")
     )
-    summed = sum(v for k, v in us.items() if k != "step")
+    summed = sum(v for k, v in us.items() if k not in ("step", "alone"))
     for name, value in us.items():
         print(f"  {name:8s} {value:8.0f} us  {value / us['step']:6.1%} of the step")
     print(f"  parts' sum {summed:.0f} us ({summed / us['step']:.1%} of the step)")

@@ -10,7 +10,7 @@ import platform
 import pytest
 import torch
 
-from tests.worker.attention_reference import reference
+from tests.worker.attention_reference import reference, shared_prefix_layout
 from worker import native
 
 X86_64_V3 = {"avx2", "fma", "bmi1", "bmi2", "f16c", "movbe"}
@@ -48,6 +48,21 @@ def test_paged_decode_without_avx512_equals_the_reference_and_this_cpus_build(
     got = portable.paged_decode(*args)
     torch.testing.assert_close(got.double(), reference(*args), atol=1e-5, rtol=0)
     torch.testing.assert_close(got, built.paged_decode(*args), atol=1e-5, rtol=0)
+
+
+def test_shared_prefix_decode_without_avx512_equals_the_reference_and_this_cpus_build(
+    modules,
+) -> None:
+    """The grouped kernel's portable loops (`worker/csrc/shared_prefix.h`)."""
+    portable, built = modules
+    for heads, kv_heads, dim in ((9, 3, 64), (6, 2, 48)):
+        args, group_of, group_blocks = shared_prefix_layout(
+            heads, kv_heads, dim, 16, torch.float32, dim
+        )
+        got = portable.paged_decode_shared(*args, group_of, group_blocks)
+        torch.testing.assert_close(got.double(), reference(*args), atol=1e-5, rtol=0)
+        expected = built.paged_decode_shared(*args, group_of, group_blocks)
+        torch.testing.assert_close(got, expected, atol=2e-6, rtol=0)
 
 
 def test_argmax_without_avx512_takes_the_first_maximum(modules) -> None:

@@ -4,6 +4,8 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &kvledger::paged_decode,
         "paged decode attention over the KV cache in place");
+  m.def("paged_decode_shared", &kvledger::paged_decode_shared,
+        "paged decode attention; groups of sequences attend over their shared prefix together");
   m.def("rms_norm", &kvledger::rms_norm, "RMSNorm as Llama computes it");
   m.def("add_rms_norm", &kvledger::add_rms_norm,
         "(RMSNorm(x + residual), x + residual): a residual add and the next norm in one pass");

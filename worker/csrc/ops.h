@@ -11,6 +11,11 @@ namespace kvledger {
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& block_tables, const at::Tensor& context_lens,
                         int64_t window, double scale);
+// The same, sequences of a group attending over their shared leading blocks together.
+at::Tensor paged_decode_shared(const at::Tensor& q, const at::Tensor& k_cache,
+                               const at::Tensor& v_cache, const at::Tensor& block_tables,
+                               const at::Tensor& context_lens, int64_t window, double scale,
+                               const at::Tensor& group_of, const at::Tensor& group_blocks);
 
 // fused.cpp: the decoder's elementwise steps, one pass over memory and one call each.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

@@ -8,8 +8,11 @@
 // that share that KV head together, so every key and value row is read once for all of them. Softmax is
 // computed online a block at a time (one rescale per block, not per key) in float32, whatever
 // the cache dtype; decode_block.h holds that step (and its AVX-512 form for a float32 cache).
+// Sequences grouped by a shared prefix of blocks start from their states over it
+// (shared_prefix.h) and attend over their own blocks only.
 #include "ops.h"
 #include "decode_block.h"
+#include "shared_prefix.h"
 
 #include <ATen/Parallel.h>
 
@@ -45,7 +48,7 @@ template <typename T, int64_t kD>
 void decode_kernel(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
     const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t window,
-    double scale, at::Tensor& out) {
+    double scale, const at::Tensor& group_of, const at::Tensor& group_blocks, at::Tensor& out) {
   const int64_t n = q.size(0), H = q.size(1), D = kD ? kD : q.size(2);
   const int64_t bs = k_cache.size(1), Hkv = k_cache.size(2);
   const int64_t G = H / Hkv, width = block_tables.size(1);
@@ -59,6 +62,12 @@ void decode_kernel(
   const int64_t block = bs * row;     // one block's stride
   const float fscale = static_cast<float>(scale);
   const float kLowest = std::numeric_limits<float>::lowest();
+  PrefixStates pre;
+  const bool grouped = group_blocks.numel() > 0;
+  if (grouped)
+    shared_prefix_states<T, kD>(qp, kp, vp, tables, width, n, H, Hkv, D, bs, fscale,
+                                group_of.data_ptr<int64_t>(), group_blocks.data_ptr<int64_t>(),
+                                group_blocks.numel(), pre);
 
   // Fewer (sequence, KV head) tasks than twice the threads (one sequence, few KV heads: 3 tasks
   // on 2 threads leave one idle a third of the time): each task's blocks are cut into `parts`
@@ -97,7 +106,8 @@ void decode_kernel(
       const int64_t s = task / Hkv, kvh = task % Hkv;
       const int64_t ctx = lens[s];
       const int64_t first = window > 0 ? std::max<int64_t>(0, ctx - window) : 0;
-      const int64_t b_first = first / bs, b_last = std::min<int64_t>((ctx + bs - 1) / bs, width);
+      const int64_t skip = grouped ? pre.skip[s] : 0;
+      const int64_t b_first = std::max(first / bs, skip), b_last = std::min<int64_t>((ctx + bs - 1) / bs, width);
       const int64_t span = std::max<int64_t>(b_last - b_first, 0);
       const int64_t b_begin = b_first + span * part / parts, b_end = b_first + span * (part + 1) / parts;
       float* m = parts > 1 ? pm.data() + job * G : own_m.data();
@@ -107,9 +117,15 @@ void decode_kernel(
         const T* src = qp + (s * H + kvh * G + g) * D;
         for (int64_t d = 0; d < D; ++d) qf[g * D + d] = static_cast<float>(src[d]) * fscale;
       }
-      std::fill(acc, acc + G * D, 0.f);
-      std::fill(m, m + G, kLowest);
-      std::fill(l, l + G, 0.f);
+      if (grouped && part == 0) {  // the shared prefix's state (empty for an ungrouped sequence)
+        std::copy_n(pre.acc.data() + task * G * D, G * D, acc);
+        std::copy_n(pre.m.data() + task * G, G, m);
+        std::copy_n(pre.l.data() + task * G, G, l);
+      } else {
+        std::fill(acc, acc + G * D, 0.f);
+        std::fill(m, m + G, kLowest);
+        std::fill(l, l + G, 0.f);
+      }
       for (int64_t b = b_begin; b < b_end; ++b) {
         const int64_t id = tables[s * width + b];
         if (b + 1 < b_end) prefetch_block(kp, vp, tables[s * width + b + 1] * block + kvh * D, bs, row, D);
@@ -129,12 +145,48 @@ void decode_kernel(
 
 }  // namespace
 
+namespace {
+
+// A group's claim is the kernel's to check, not to trust: its sequences' tables agree over the
+// shared blocks and every one of those keys is visible to each of them (no window).
+void check_groups(const at::Tensor& tables, const at::Tensor& lens, int64_t bs, int64_t window,
+                  const at::Tensor& group_of, const at::Tensor& group_blocks) {
+  TORCH_CHECK(group_of.scalar_type() == at::kLong && group_blocks.scalar_type() == at::kLong &&
+                  group_of.dim() == 1 && group_blocks.dim() == 1,
+              "paged_decode: group_of and group_blocks must be 1-d int64");
+  const int64_t n = tables.size(0), width = tables.size(1), groups = group_blocks.numel();
+  TORCH_CHECK(group_of.numel() == (groups ? n : group_of.numel()),
+              "paged_decode: one group (or -1) per query");
+  TORCH_CHECK(groups == 0 || window == 0, "paged_decode: shared prefixes with a sliding window");
+  const int64_t* t = tables.data_ptr<int64_t>();
+  const int64_t* len = lens.data_ptr<int64_t>();
+  const int64_t* of = group_of.data_ptr<int64_t>();
+  const int64_t* blocks = group_blocks.data_ptr<int64_t>();
+  std::vector<int64_t> first(groups, -1);
+  for (int64_t s = 0; groups && s < n; ++s) {
+    const int64_t g = of[s];
+    TORCH_CHECK(g >= -1 && g < groups, "paged_decode: group ", g, " out of range");
+    if (g < 0) continue;
+    TORCH_CHECK(blocks[g] >= 1 && blocks[g] <= width && blocks[g] * bs <= len[s],
+                "paged_decode: sequence ", s, " does not hold group ", g, "'s ", blocks[g],
+                " shared blocks in its context");
+    if (first[g] < 0) first[g] = s;
+    for (int64_t b = 0; b < blocks[g]; ++b)
+      TORCH_CHECK(t[s * width + b] == t[first[g] * width + b], "paged_decode: sequence ", s,
+                  "'s block ", b, " is not its group's shared block");
+  }
+}
+
+}  // namespace
+
 // q [n, H, D]; caches [num_blocks, block_size, Hkv, D]; block_tables [n, width] int64;
 // context_lens [n] int64 (keys visible to each query: its position + 1); window 0 = none.
-at::Tensor paged_decode(
+// group_of [n] int64 (a shared-prefix group or -1), group_blocks [groups] int64 (the leading
+// blocks each group's tables share); both empty: no groups.
+at::Tensor paged_decode_shared(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
     const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t window,
-    double scale) {
+    double scale, const at::Tensor& group_of, const at::Tensor& group_blocks) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
               "paged_decode: q [n, H, D], caches [blocks, block_size, Hkv, D]");
   TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(1) % k_cache.size(2) == 0,
@@ -151,16 +203,27 @@ at::Tensor paged_decode(
   const at::Tensor qc = q.contiguous();
   const at::Tensor tables = block_tables.contiguous();
   const at::Tensor lens = context_lens.contiguous();
+  const at::Tensor of = group_of.contiguous(), blocks = group_blocks.contiguous();
+  check_groups(tables, lens, k_cache.size(1), window, of, blocks);
   at::Tensor out = at::empty_like(qc);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     switch (q.size(2)) {
-      case 32: return decode_kernel<scalar_t, 32>(qc, k_cache, v_cache, tables, lens, window, scale, out);
-      case 64: return decode_kernel<scalar_t, 64>(qc, k_cache, v_cache, tables, lens, window, scale, out);
-      case 128: return decode_kernel<scalar_t, 128>(qc, k_cache, v_cache, tables, lens, window, scale, out);
-      default: return decode_kernel<scalar_t, 0>(qc, k_cache, v_cache, tables, lens, window, scale, out);
+      case 32: return decode_kernel<scalar_t, 32>(qc, k_cache, v_cache, tables, lens, window, scale, of, blocks, out);
+      case 64: return decode_kernel<scalar_t, 64>(qc, k_cache, v_cache, tables, lens, window, scale, of, blocks, out);
+      case 128: return decode_kernel<scalar_t, 128>(qc, k_cache, v_cache, tables, lens, window, scale, of, blocks, out);
+      default: return decode_kernel<scalar_t, 0>(qc, k_cache, v_cache, tables, lens, window, scale, of, blocks, out);
     }
   });
   return out;
+}
+
+at::Tensor paged_decode(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+    const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t window,
+    double scale) {
+  const at::Tensor none = at::empty({0}, block_tables.options().dtype(at::kLong));
+  return paged_decode_shared(q, k_cache, v_cache, block_tables, context_lens, window, scale,
+                             none, none);
 }
 
 }  // namespace kvledger

@@ -1,0 +1,154 @@
+"""Shared-prefix (cascade) decode attention on CPU: decoding sequences whose tables begin with
+the same blocks attend over them once per group (`worker/csrc/shared_prefix.h`), grouped by
+`worker/attention/shared_prefix.py`. Grouped or not, the kernel equals attention over each
+query's visible keys; it refuses a group its tables or contexts contradict; and a real decode
+through grouped sequences equals the torch backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.worker.attention_reference import reference, shared_prefix_layout
+from tests.worker.helpers import logits_for, make_runner, random_tokens
+from worker import native
+from worker.attention.cpu_backend import CpuPagedAttention
+from worker.attention.shared_prefix import PrefixGroups, shared_prefix_groups
+from worker.runner.batch import SeqChunk
+
+
+@pytest.fixture(scope="module")
+def module():
+    built = native.load()
+    assert not isinstance(built, str), built  # this machine has a compiler: it must build
+    return built
+
+
+def test_groups_are_sequences_sharing_their_first_blocks() -> None:
+    tables = [
+        [7, 8, 9, 20],  # group 0: 7 8 9 shared by all three
+        [7, 8, 9, 21, 22],
+        [7, 8, 9, 23],
+        [30, 31],  # alone: its first block is nobody else's
+        [40, 41, 42],  # group 1: 40 41, then they branch
+        [40, 41, 43],
+        [50],  # a first block shared, but one context does not cover it whole
+        [50],
+    ]
+    lens = [60, 75, 55, 20, 40, 45, 16, 15]
+    groups = shared_prefix_groups(tables, lens, block_size=16)
+    assert groups == PrefixGroups(group_of=[0, 0, 0, -1, 1, 1, -1, -1], blocks=[3, 2])
+
+
+def test_a_short_context_cuts_its_groups_shared_length() -> None:
+    # the third sequence's context covers two whole blocks: the group shares two, not three
+    tables = [[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3]]
+    groups = shared_prefix_groups(tables, [60, 60, 47], block_size=16)
+    assert groups == PrefixGroups(group_of=[0, 0, 0], blocks=[2])
+    assert shared_prefix_groups(tables, [60, 60, 47], 16, min_members=4).blocks == []
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "block_size"),
+    [(9, 3, 64, 16), (8, 2, 32, 16), (4, 4, 128, 8), (6, 2, 48, 16), (12, 1, 64, 32)],
+)
+def test_grouped_kernel_equals_the_reference_and_each_sequence_alone(
+    module, heads: int, kv_heads: int, dim: int, block_size: int
+) -> None:
+    args, group_of, group_blocks = shared_prefix_layout(
+        heads, kv_heads, dim, block_size, torch.float32, dim
+    )
+    expected = reference(*args)
+    alone = module.paged_decode(*args)
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2, 4):  # fewer (group, KV head) tasks than threads: split, merged
+            torch.set_num_threads(n_threads)
+            got = module.paged_decode_shared(*args, group_of, group_blocks)
+            torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)
+            torch.testing.assert_close(got, alone, atol=2e-6, rtol=0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_grouped_kernel_in_bfloat16(module) -> None:
+    args, group_of, group_blocks = shared_prefix_layout(9, 3, 64, 16, torch.bfloat16, 5)
+    got = module.paged_decode_shared(*args, group_of, group_blocks)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), reference(*args), atol=2e-2, rtol=0)
+
+
+def test_the_kernel_refuses_a_group_its_tables_contradict(module) -> None:
+    args, group_of, group_blocks = shared_prefix_layout(8, 2, 32, 16, torch.float32, 1)
+    q, k_cache, v_cache, tables, lens, window, scale = args
+
+    def call(**change):  # noqa: ANN003, ANN202
+        given = dict(tables=tables, lens=lens, window=window, of=group_of, blocks=group_blocks)
+        given |= change
+        tables_, lens_, window_ = given["tables"], given["lens"], given["window"]
+        return module.paged_decode_shared(
+            q, k_cache, v_cache, tables_, lens_, window_, scale, given["of"], given["blocks"]
+        )
+
+    other = tables.clone()
+    other[1, 3] = other[1, 3] + 1  # sequence 1's fourth block is not group 0's
+    with pytest.raises(RuntimeError, match="not its group's shared block"):
+        call(tables=other)
+    with pytest.raises(RuntimeError, match="does not hold group 0's 10 shared blocks"):
+        call(blocks=torch.tensor([10, 1]))
+    short = lens.clone()
+    short[0] = 6 * 16 - 1  # the last shared block's last key is past its context
+    with pytest.raises(RuntimeError, match="does not hold"):
+        call(lens=short)
+    with pytest.raises(RuntimeError, match="sliding window"):
+        call(window=40)
+    with pytest.raises(RuntimeError, match="out of range"):
+        call(of=torch.where(group_of == 1, 2, group_of))
+    with pytest.raises(RuntimeError, match="one group"):
+        call(of=group_of[:-1])
+    with pytest.raises(RuntimeError, match="int64"):
+        call(blocks=group_blocks.int())
+
+
+def test_decoding_sequences_on_a_shared_prefix_equal_the_torch_backend(
+    module, tiny_llama_dir
+) -> None:
+    """Five chats on one 3-block system prompt (written once, as the prefix cache shares it),
+    decoded greedily step by step: the CPU kernel, which groups them, gives the torch
+    reference's tokens and logits."""
+    prefix = random_tokens(48, 30522, seed=11)
+    tails = [random_tokens(n, 30522, seed=20 + n) for n in (3, 17, 20, 33, 9)]
+    formed: list[list[int]] = []
+
+    def decode(runner) -> tuple[list[list[int]], torch.Tensor]:  # noqa: ANN001
+        tables = [[0, 1, 2] + list(range(3 + 4 * i, 7 + 4 * i)) for i in range(5)]
+        seqs = [prefix + tail for tail in tails]
+        runner.execute([SeqChunk("s0", seqs[0], 0, tables[0], False)])
+        runner.execute([SeqChunk(f"s{i}", seqs[i][48:], 48, tables[i], False) for i in range(1, 5)])
+        logits = []
+        for _ in range(8):
+            chunks = [
+                SeqChunk(f"s{i}", seqs[i][-1:], len(seqs[i]) - 1, tables[i], True) for i in range(5)
+            ]
+            out = logits_for(runner, chunks)
+            logits.append(out)
+            for i, token in enumerate(out.argmax(-1).tolist()):
+                seqs[i].append(token)
+        return seqs, torch.stack(logits)
+
+    ref_seqs, ref_logits = decode(make_runner(tiny_llama_dir, num_blocks=32))
+    runner = make_runner(tiny_llama_dir, num_blocks=32, attention_backend="cpu")
+    backend = runner.backend
+    assert isinstance(backend, CpuPagedAttention)
+    plain = backend.decode_group
+
+    def recording(meta, seqs, rows):  # noqa: ANN001, ANN202
+        group = plain(meta, seqs, rows)
+        formed.append(group.group_blocks.tolist())
+        return group
+
+    backend.decode_group = recording
+    seqs, logits = decode(runner)
+    assert formed and all(blocks == [3] for blocks in formed)  # every decode step grouped
+    assert seqs == ref_seqs
+    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
