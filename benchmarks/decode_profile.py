@@ -102,11 +102,11 @@ def parts(runner: ModelRunner, chunks: list[SeqChunk]) -> dict[str, Callable[[],
     if isinstance(backend, CpuPagedAttention) and len(chunks) > 1:
 
         def alone() -> object:
-            backend.share_prefixes = False
+            was, backend.share_prefixes = backend.share_prefixes, False
             try:
                 return runner.execute(chunks)
             finally:
-                backend.share_prefixes = True
+                backend.share_prefixes = was
 
         fns["alone"] = alone
     return fns

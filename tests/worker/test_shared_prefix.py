@@ -62,13 +62,64 @@ def test_grouped_kernel_equals_the_reference_and_each_sequence_alone(
     alone = module.paged_decode(*args)
     threads = torch.get_num_threads()
     try:
-        for n_threads in (1, 2, 4):  # fewer (group, KV head) tasks than threads: split, merged
+        for n_threads in (1, 2, 4):  # from 2 threads a group's shared blocks split into parts
             torch.set_num_threads(n_threads)
             got = module.paged_decode_shared(*args, group_of, group_blocks)
             torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)
             torch.testing.assert_close(got, alone, atol=2e-6, rtol=0)
+            # the grouped path ran: its sums in another order leave some last bits apart
+            assert not torch.equal(got, alone)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "block_size", "members", "shared", "threads"),
+    [
+        # 2 (sequence, KV head) tasks on 4 threads: a member's own blocks split into parts
+        # (only the first starts from the prefix state), the shared ones into more parts
+        # than there are blocks
+        (4, 1, 64, 16, 2, 3, 4),
+        # 72 rows (two passes of 64 and 8), keys past the first 128-key chunk (its state
+        # rescaled), chunks of 126 keys (a tail of 2 under the 4-key step)
+        (8, 1, 32, 6, 9, 25, 2),
+        # blocks longer than a chunk: one block a chunk
+        (6, 2, 64, 256, 3, 1, 2),
+    ],
+)
+def test_grouped_kernel_edges_equal_the_reference(
+    module,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    block_size: int,
+    members: int,
+    shared: int,
+    threads: int,
+) -> None:
+    gen = torch.Generator().manual_seed(members * shared)
+    num_blocks = shared + 2 * members + 3
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen)
+    tables = [list(range(shared)) + [shared + 2 * i, shared + 2 * i + 1] for i in range(members)]
+    tables.append([num_blocks - 3, num_blocks - 2, num_blocks - 1])  # alone
+    lens = [shared * block_size + 1 + (5 * i) % (2 * block_size - 1) for i in range(members)]
+    lens.append(3 * block_size - 1)
+    groups = shared_prefix_groups(tables, lens, block_size)
+    assert groups.blocks == [shared] and groups.group_of.count(0) == members
+    width = max(map(len, tables))
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    q = torch.randn(len(tables), heads, dim, generator=gen)
+    args = (q, k_cache, v_cache, padded, torch.tensor(lens), 0, dim**-0.5)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = module.paged_decode_shared(
+            *args, torch.tensor(groups.group_of), torch.tensor(groups.blocks)
+        )
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got.double(), reference(*args), atol=1e-5, rtol=0)
 
 
 def test_grouped_kernel_in_bfloat16(module) -> None:
@@ -106,6 +157,10 @@ def test_the_kernel_refuses_a_group_its_tables_contradict(module) -> None:
         call(of=torch.where(group_of == 1, 2, group_of))
     with pytest.raises(RuntimeError, match="one group"):
         call(of=group_of[:-1])
+    with pytest.raises(RuntimeError, match="group 1 has no sequence"):
+        call(of=torch.where(group_of == 1, -1, group_of))
+    with pytest.raises(RuntimeError, match="group 0 has no sequence"):
+        call(of=torch.full_like(group_of, -1), blocks=torch.tensor([1]))
     with pytest.raises(RuntimeError, match="int64"):
         call(blocks=group_blocks.int())
 

@@ -13,9 +13,9 @@ prompt the prefix cache serves to every chat) attend over them together, once pe
 SmolLM2, one layer's decode attention ~1.7x faster.
 
 The kernel computes in float32 with a block-wise online softmax; it equals the torch backend
-to ~1e-6 in float32, grouped or not (`tests/worker/test_cpu_attention.py`). A grouped
-sequence's sums run in another order than alone, so its output may differ from the ungrouped
-one in the last bits.
+to ~1e-6 in float32 (`tests/worker/test_cpu_attention.py`), grouped or not
+(`tests/worker/test_shared_prefix.py`). A grouped sequence's sums run in another order than
+alone, so its output may differ from the ungrouped one in the last bits.
 """
 
 from __future__ import annotations

@@ -175,6 +175,8 @@ void check_groups(const at::Tensor& tables, const at::Tensor& lens, int64_t bs, 
       TORCH_CHECK(t[s * width + b] == t[first[g] * width + b], "paged_decode: sequence ", s,
                   "'s block ", b, " is not its group's shared block");
   }
+  for (int64_t g = 0; g < groups; ++g)
+    TORCH_CHECK(first[g] >= 0, "paged_decode: group ", g, " has no sequence");
 }
 
 }  // namespace

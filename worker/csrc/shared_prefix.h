@@ -228,7 +228,7 @@ void shared_prefix_states(const T* qp, const T* kp, const T* vp, const int64_t* 
       out.skip[s] = group_blocks[group_of[s]];
     }
   const int64_t threads = at::get_num_threads(), base = groups * Hkv;
-  const int64_t parts = base >= 2 * threads ? 1 : (2 * threads + base - 1) / base;
+  const int64_t parts = threads == 1 || base >= 2 * threads ? 1 : (2 * threads + base - 1) / base;
   // each job's states: rows of its group, job after job
   std::vector<int64_t> offset(groups * Hkv * parts + 1, 0);
   for (int64_t job = 0; job < groups * Hkv * parts; ++job)
@@ -236,7 +236,9 @@ void shared_prefix_states(const T* qp, const T* kp, const T* vp, const int64_t* 
   std::vector<float> jm(offset.back(), kLowest), jl(offset.back(), 0.f), jacc(offset.back() * D, 0.f);
 
   at::parallel_for(0, groups * Hkv * parts, 1, [&](int64_t begin, int64_t end) {
-    const int64_t chunk = prefix::kChunkKeys;
+    // whole blocks a chunk: one block of more than kChunkKeys keys is a chunk of its own
+    const int64_t per_chunk = std::max<int64_t>(1, prefix::kChunkKeys / bs);
+    const int64_t chunk = per_chunk * bs;
     std::vector<float> Qt, ST, mv, lv, cv, conv;  // conv: a chunk's K and V in float32
     std::vector<const float*> krows(chunk), vrows(chunk);
     for (int64_t job = begin; job < end; ++job) {
@@ -256,7 +258,6 @@ void shared_prefix_states(const T* qp, const T* kp, const T* vp, const int64_t* 
           for (int64_t d = 0; d < D; ++d)
             Qt[d * Rpad + static_cast<int64_t>(i) * G + h] =
                 static_cast<float>(qp[(mem[i] * H + kvh * G + h) * D + d]) * scale;
-      const int64_t per_chunk = std::max<int64_t>(1, chunk / bs);
       prefix::prefetch_blocks(kp, vp, table, b_begin, std::min(b_end, b_begin + per_chunk),
                               block, bs, row, kvh * D, D);
       for (int64_t c0 = b_begin; c0 < b_end; c0 += per_chunk) {
