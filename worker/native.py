@@ -34,7 +34,10 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("module.cpp", "paged_decode.cpp", "fused.cpp", "masks.cpp")]
-HEADERS = [CSRC / "ops.h", CSRC / "decode_block.h", CSRC / "shared_prefix.h"]
+HEADERS = [
+    CSRC / name
+    for name in ("ops.h", "decode_block.h", "shared_prefix.h", "shared_prefix_kernels.h")
+]
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | str] = {}
 

@@ -45,7 +45,11 @@ def test_a_short_context_cuts_its_groups_shared_length() -> None:
     tables = [[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3]]
     groups = shared_prefix_groups(tables, [60, 60, 47], block_size=16)
     assert groups == PrefixGroups(group_of=[0, 0, 0], blocks=[2])
-    assert shared_prefix_groups(tables, [60, 60, 47], 16, min_members=4).blocks == []
+    assert shared_prefix_groups(tables, [60, 60, 47], 16, min_rows=4).blocks == []
+    # one prefill chunk of 5 rows is a group of its own; one decode row is not
+    alone = shared_prefix_groups([[1, 2, 3]], [40], 16, rows=[5])
+    assert alone == PrefixGroups(group_of=[0], blocks=[2])
+    assert shared_prefix_groups([[1, 2, 3]], [40], 16).blocks == []
 
 
 @pytest.mark.parametrize(
@@ -197,13 +201,60 @@ def test_decoding_sequences_on_a_shared_prefix_equal_the_torch_backend(
     assert isinstance(backend, CpuPagedAttention)
     plain = backend.decode_group
 
-    def recording(meta, seqs, rows):  # noqa: ANN001, ANN202
-        group = plain(meta, seqs, rows)
+    def recording(meta, seqs, rows, positions):  # noqa: ANN001, ANN202
+        group = plain(meta, seqs, rows, positions)
         formed.append(group.group_blocks.tolist())
         return group
 
     backend.decode_group = recording
     seqs, logits = decode(runner)
-    assert formed and all(blocks == [3] for blocks in formed)  # every decode step grouped
+    # every decode step grouped, and the prefill of the one tail under a quarter of the
+    # prompt (9 tokens) as rows too
+    assert len(formed) == 9 and all(blocks == [3] for blocks in formed)
     assert seqs == ref_seqs
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
+
+
+def test_chunks_over_a_cached_prefix_attend_as_rows_with_the_decodes(
+    module, tiny_llama_dir
+) -> None:
+    """One step of: a chat's 16 own tokens after a cached 4-block system prompt (rows of the
+    kernel, grouped with the decodes on that prompt), two decodes on it, a cold prefill and a
+    chunk longer than its cached prefix (both SDPA). Every token's logits equal the torch
+    backend's."""
+    prefix = random_tokens(64, 30522, seed=31)
+    chats = [prefix + random_tokens(n, 30522, seed=40 + n) for n in (16, 5, 9)]
+    cold = random_tokens(30, 30522, seed=50)
+    long_chunk = random_tokens(16, 30522, seed=51) + random_tokens(40, 30522, seed=52)
+    seen: list = []
+
+    def step(runner) -> torch.Tensor:  # noqa: ANN001
+        tables = [[0, 1, 2, 3, 4], [0, 1, 2, 3, 5], [0, 1, 2, 3, 6]]
+        runner.execute([SeqChunk("c0", chats[1], 0, tables[1], False)])  # writes the prompt
+        runner.execute([SeqChunk("c2", chats[2][64:-1], 64, tables[2], False)])
+        runner.execute([SeqChunk("l", long_chunk[:16], 0, [7, 8, 9, 10], False)])
+        chunks = [
+            SeqChunk("c1", chats[0][64:], 64, tables[0], True),  # 16 rows over 64 cached
+            SeqChunk("c0", chats[1][-1:], len(chats[1]) - 1, tables[1], True),
+            SeqChunk("cold", cold, 0, [11, 12], True),
+            SeqChunk("l", long_chunk[16:], 16, [7, 8, 9, 10], True),  # 40 over 16 cached
+            SeqChunk("c2", chats[2][-1:], len(chats[2]) - 1, tables[2], True),
+        ]
+        return logits_for(runner, chunks, all_tokens=True)
+
+    expected = step(make_runner(tiny_llama_dir, num_blocks=16))
+    runner = make_runner(tiny_llama_dir, num_blocks=16, attention_backend="cpu")
+    plan = runner.backend.plan
+
+    def recording(meta):  # noqa: ANN001, ANN202
+        made = plan(meta)
+        seen.append(made)
+        return made
+
+    runner.backend.plan = recording
+    got = step(runner)
+    last = seen[-1]
+    assert [p.q_end - p.q_start for p in last.prefills] == [30, 40]  # cold and long: SDPA
+    assert last.decode.token_idx.tolist() == [*range(16), 16, 87]  # 16 chat rows, 2 decodes
+    assert last.decode.group_of.tolist() == [0] * 18 and last.decode.group_blocks.tolist() == [4]
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)

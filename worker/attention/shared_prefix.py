@@ -4,7 +4,9 @@ shared-prefix (cascade) attention (`csrc/shared_prefix.h`).
 Sequences whose block tables begin with the same block (a system prompt the prefix cache hands
 to every chat) form a group; its shared length is the longest run of leading blocks that all
 its tables hold and that every member's context covers whole. The kernel attends over those
-blocks once for the whole group and over each sequence's own blocks apart. Grouping by the
+blocks once for the whole group and over each sequence's own blocks apart. A prefill chunk
+over a cached prefix is as many rows as it has tokens, each seeing the keys up to its own, so
+one chunk alone can be a group. Grouping by the
 first block is one pass over the tables: sequences that branch later share what they share
 before the branch (the group's length is the shortest common run), and a sequence that shares
 nothing with any other attends alone, as before.
@@ -22,9 +24,16 @@ class PrefixGroups:
 
 
 def shared_prefix_groups(
-    tables: list[list[int]], context_lens: list[int], block_size: int, min_members: int = 2
+    tables: list[list[int]],
+    context_lens: list[int],
+    block_size: int,
+    rows: list[int] | None = None,
+    min_rows: int = 2,
 ) -> PrefixGroups:
-    """Groups of at least `min_members` sequences sharing at least one whole leading block."""
+    """Groups of sequences sharing at least one whole leading block and holding at least
+    `min_rows` query rows between them. `rows[i]`: sequence i's query rows (default one, a
+    decode); `context_lens[i]`: the keys its first row sees, the fewest of its rows."""
+    rows = rows if rows is not None else [1] * len(tables)
     by_first: dict[int, list[int]] = {}
     for i, table in enumerate(tables):
         if table and context_lens[i] >= block_size:
@@ -32,7 +41,7 @@ def shared_prefix_groups(
     group_of = [-1] * len(tables)
     blocks: list[int] = []
     for members in by_first.values():
-        if len(members) < min_members:
+        if sum(rows[i] for i in members) < min_rows:
             continue
         covered = min(min(len(tables[i]), context_lens[i] // block_size) for i in members)
         shared = 0

@@ -75,22 +75,33 @@ class TorchAttention(AttentionBackend):
     def plan(self, meta: AttentionMetadata) -> TorchPlan:
         device = meta.slot_mapping.device
         prefills: list[PrefillSeq] = []
-        decode_seqs: list[int] = []
-        decode_rows: list[int] = []
+        row_seqs: list[int] = []  # per row attended on its own: its sequence, row, position
+        rows: list[int] = []
+        positions: list[int] = []
         q_start = 0
         for i, q_len in enumerate(meta.query_lens_list):
-            if q_len == 1:
-                decode_seqs.append(i)
-                decode_rows.append(q_start)
+            if q_len == 1 or self.attends_as_rows(meta, i):
+                start = meta.start_pos_list[i]
+                row_seqs += [i] * q_len
+                rows += range(q_start, q_start + q_len)
+                positions += range(start, start + q_len)
             else:
                 prefills.append(_prefill_seq(meta, i, q_start, device))
             q_start += q_len
-        decode = self.decode_group(meta, decode_seqs, decode_rows) if decode_seqs else None
+        decode = self.decode_group(meta, row_seqs, rows, positions) if rows else None
         return TorchPlan(meta.slot_mapping, prefills, decode)
 
-    def decode_group(self, meta: AttentionMetadata, seqs: list[int], rows: list[int]) -> Any:
-        """What the decode rows of every layer share (built once a step)."""
-        return _decode_group(meta, seqs, rows, meta.slot_mapping.device)
+    def attends_as_rows(self, meta: AttentionMetadata, i: int) -> bool:
+        """Whether sequence i's several new tokens go with the decode rows, each a query of
+        its own over the keys up to its position, rather than through one SDPA call."""
+        return False
+
+    def decode_group(
+        self, meta: AttentionMetadata, seqs: list[int], rows: list[int], positions: list[int]
+    ) -> Any:
+        """What the decode rows of every layer share (built once a step): row `rows[j]` of the
+        batch is a query of sequence `seqs[j]` at `positions[j]`."""
+        return _decode_group(meta, seqs, rows, positions, meta.slot_mapping.device)
 
     def attend_decode(
         self,
@@ -189,11 +200,15 @@ def _prefill_seq(meta: AttentionMetadata, i: int, q_start: int, device: torch.de
 
 
 def _decode_group(
-    meta: AttentionMetadata, seqs: list[int], rows: list[int], device: torch.device
+    meta: AttentionMetadata,
+    seqs: list[int],
+    rows: list[int],
+    positions: list[int],
+    device: torch.device,
 ) -> DecodeGroup:
     width = max(len(meta.block_tables_list[i]) for i in seqs)
     tables = meta.block_tables[seqs, :width].to(torch.long)
-    q_pos = torch.tensor([meta.start_pos_list[i] for i in seqs], device=device).view(-1, 1)
+    q_pos = torch.tensor(positions, device=device).view(-1, 1)
     k_pos = torch.arange(width * meta.block_size, device=device).view(1, -1)
     mask = _visible(q_pos, k_pos, meta.sliding_window).view(len(seqs), 1, 1, -1)
     token_idx = torch.tensor(rows, dtype=torch.long, device=device)
