@@ -6,6 +6,8 @@ through grouped sequences equals the torch backend."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -52,6 +54,34 @@ def test_a_short_context_cuts_its_groups_shared_length() -> None:
     assert shared_prefix_groups([[1, 2, 3]], [40], 16).blocks == []
 
 
+def test_a_prompt_sharing_only_its_first_block_forms_a_group_of_its_own() -> None:
+    """Two system prompts that begin with the same block: four chats on the first (10 blocks),
+    two on the second; grouping by the first block alone would share one block."""
+    first = list(range(10))
+    second = [0, *range(20, 29)]
+    tables = [first + [40 + i] for i in range(4)] + [second + [50 + i] for i in range(2)]
+    groups = shared_prefix_groups(tables, [170] * 6, block_size=16)
+    assert groups == PrefixGroups(group_of=[0, 0, 0, 0, 1, 1], blocks=[10, 10])
+    # a lone sequence on the second prompt: no group for it, the others keep their 10 blocks
+    lone = shared_prefix_groups(tables[:5], [170] * 5, block_size=16)
+    assert lone == PrefixGroups(group_of=[0, 0, 0, 0, -1], blocks=[10])
+
+
+def test_which_prefill_chunks_attend_as_rows() -> None:
+    """Up to 256 tokens over a cached prefix at least 4x as long, with no sliding window."""
+    backend = CpuPagedAttention(kernel=lambda *a: None)
+    starts, lens = [400, 48, 47, 0, 1024, 1028, 16, 64, 64], [36, 12, 12, 8, 256, 257, 4, 20, 16]
+    meta = SimpleNamespace(
+        start_pos_list=starts, query_lens_list=lens, sliding_window=None, block_size=16
+    )
+    rows = [backend.attends_as_rows(meta, i) for i in range(len(starts))]
+    assert rows == [True, True, False, False, True, False, True, False, True]
+    windowed = SimpleNamespace(**{**vars(meta), "sliding_window": 4096})
+    assert not backend.attends_as_rows(windowed, 0)
+    backend.share_prefixes = False
+    assert not backend.attends_as_rows(meta, 0)
+
+
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim", "block_size"),
     [(9, 3, 64, 16), (8, 2, 32, 16), (4, 4, 128, 8), (6, 2, 48, 16), (12, 1, 64, 32)],
@@ -89,6 +119,10 @@ def test_grouped_kernel_equals_the_reference_and_each_sequence_alone(
         (8, 1, 32, 6, 9, 25, 2),
         # blocks longer than a chunk: one block a chunk
         (6, 2, 64, 256, 3, 1, 2),
+        # 300 rows a KV head: two row blocks (256 + 44), a member's heads across the cut
+        (9, 3, 64, 16, 100, 3, 2),
+        # 2 tasks of unequal rows (256, 44) on 4 threads: each cut into 4 parts of 2 blocks
+        (4, 1, 64, 16, 75, 2, 4),
     ],
 )
 def test_grouped_kernel_edges_equal_the_reference(
@@ -218,24 +252,26 @@ def test_decoding_sequences_on_a_shared_prefix_equal_the_torch_backend(
 def test_chunks_over_a_cached_prefix_attend_as_rows_with_the_decodes(
     module, tiny_llama_dir
 ) -> None:
-    """One step of: a chat's 16 own tokens after a cached 4-block system prompt (rows of the
-    kernel, grouped with the decodes on that prompt), two decodes on it, a cold prefill and a
-    chunk longer than its cached prefix (both SDPA). Every token's logits equal the torch
-    backend's."""
+    """One step of: a chat's 16 own tokens after a cached 4-block system prompt and another's
+    8 starting mid-block (rows of the kernel, grouped with the decodes on that prompt), two
+    decodes on it, a cold prefill and a chunk longer than its cached prefix (both SDPA).
+    Every token's logits equal the torch backend's."""
     prefix = random_tokens(64, 30522, seed=31)
-    chats = [prefix + random_tokens(n, 30522, seed=40 + n) for n in (16, 5, 9)]
+    chats = [prefix + random_tokens(n, 30522, seed=40 + n) for n in (16, 5, 9, 14)]
     cold = random_tokens(30, 30522, seed=50)
     long_chunk = random_tokens(16, 30522, seed=51) + random_tokens(40, 30522, seed=52)
     seen: list = []
 
     def step(runner) -> torch.Tensor:  # noqa: ANN001
-        tables = [[0, 1, 2, 3, 4], [0, 1, 2, 3, 5], [0, 1, 2, 3, 6]]
+        tables = [[0, 1, 2, 3, 4], [0, 1, 2, 3, 5], [0, 1, 2, 3, 6], [0, 1, 2, 3, 13]]
         runner.execute([SeqChunk("c0", chats[1], 0, tables[1], False)])  # writes the prompt
         runner.execute([SeqChunk("c2", chats[2][64:-1], 64, tables[2], False)])
+        runner.execute([SeqChunk("c3", chats[3][64:70], 64, tables[3], False)])
         runner.execute([SeqChunk("l", long_chunk[:16], 0, [7, 8, 9, 10], False)])
         chunks = [
             SeqChunk("c1", chats[0][64:], 64, tables[0], True),  # 16 rows over 64 cached
             SeqChunk("c0", chats[1][-1:], len(chats[1]) - 1, tables[1], True),
+            SeqChunk("c3", chats[3][70:], 70, tables[3], True),  # 8 rows from mid-block
             SeqChunk("cold", cold, 0, [11, 12], True),
             SeqChunk("l", long_chunk[16:], 16, [7, 8, 9, 10], True),  # 40 over 16 cached
             SeqChunk("c2", chats[2][-1:], len(chats[2]) - 1, tables[2], True),
@@ -255,6 +291,7 @@ def test_chunks_over_a_cached_prefix_attend_as_rows_with_the_decodes(
     got = step(runner)
     last = seen[-1]
     assert [p.q_end - p.q_start for p in last.prefills] == [30, 40]  # cold and long: SDPA
-    assert last.decode.token_idx.tolist() == [*range(16), 16, 87]  # 16 chat rows, 2 decodes
-    assert last.decode.group_of.tolist() == [0] * 18 and last.decode.group_blocks.tolist() == [4]
+    # 16 chat rows, a decode, 8 chat rows, then past the SDPA rows the other decode
+    assert last.decode.token_idx.tolist() == [*range(25), 95]
+    assert last.decode.group_of.tolist() == [0] * 26 and last.decode.group_blocks.tolist() == [4]
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)

@@ -5,11 +5,11 @@ Decode rows (one new token per sequence: most rows of a serving step) go to
 nothing is gathered: the torch reference copies every decoding sequence's blocks in every
 layer (`index_select`, then one padded SDPA call), which at batch 1 cost more in per-op
 overhead than the arithmetic and at 16 sequences of ~600 tokens moved ~3 MB per layer.
-A prefill chunk over a cached prefix at least 4x as long as itself goes there too, as one
-row per token (`attends_as_rows`); other prefill chunks keep the torch path (SDPA's causal
-kernel over the gathered blocks).
+A prefill chunk of up to 256 tokens over a cached prefix at least 4x as long goes there too,
+as one row per token (`attends_as_rows`); other prefill chunks keep the torch path (SDPA's
+causal kernel over the gathered blocks).
 
-Decoding sequences that share leading blocks (`worker/attention/shared_prefix.py`: a system
+Rows whose sequences share leading blocks (`worker/attention/shared_prefix.py`: a system
 prompt the prefix cache serves to every chat) attend over them together, once per group
 (`csrc/shared_prefix.h`), and over their own blocks apart: 16 chats sharing 400 tokens of
 SmolLM2, one layer's decode attention ~1.7x faster.
@@ -39,11 +39,12 @@ class KernelDecode:
     block_tables: torch.Tensor  # [n, width] long
     context_lens: torch.Tensor  # [n] long: keys each query sees (its position + 1)
     window: int  # sliding window (0: none)
-    group_of: torch.Tensor  # [n] long: each sequence's shared-prefix group, or -1 (or empty)
+    group_of: torch.Tensor  # [n] long: each row's shared-prefix group, or -1 (or empty)
     group_blocks: torch.Tensor  # [groups] long: the leading blocks each group shares
 
 
 Kernel = Callable[..., torch.Tensor]
+MAX_ROWS_CHUNK = 256  # the longest prefill chunk attended as rows (`attends_as_rows`)
 
 
 class CpuPagedAttention(TorchAttention):
@@ -51,22 +52,25 @@ class CpuPagedAttention(TorchAttention):
 
     def __init__(self, kernel: Kernel, share_prefixes: bool = True) -> None:
         """`kernel`: the compiled `paged_decode_shared`; `share_prefixes` False attends every
-        sequence alone (benchmarks compare the two)."""
+        decode alone and every prefill chunk through SDPA (benchmarks compare the two)."""
         self.kernel = kernel
         self.share_prefixes = share_prefixes
 
     def attends_as_rows(self, meta: AttentionMetadata, i: int) -> bool:
-        """A chunk over a cached prefix at least 4x as long as itself (a chat's own tokens
-        after a shared system prompt) goes to the kernel as rows: every row sees the whole
+        """A chunk of up to 256 tokens over a cached prefix at least 4x as long (a chat's own
+        tokens after a shared system prompt) goes to the kernel as rows: every row sees the whole
         prefix, so the prefix is a group's shared blocks (its rows and those of other
         sequences on the same prefix), and only the chunk's own keys are attended row by row.
         SmolLM2, 16 chats of 36 tokens over a cached 400: the step 835 -> 685 ms; one chunk of
         128 over 512 257 -> 244 ms; 512 over 512 1030 -> 1116 (rows lose when a chunk's own
-        keys are half its context), so below 4x, and from the start, SDPA's causal kernel."""
+        keys are half its context), so below 4x, and from the start, SDPA's causal kernel. Its
+        own keys cost rows the square of its length: longer chunks (a long prompt's later
+        chunks) stay with SDPA, where rows were not measured."""
         start, q_len = meta.start_pos_list[i], meta.query_lens_list[i]
         return (
             self.share_prefixes
             and meta.sliding_window is None
+            and q_len <= MAX_ROWS_CHUNK
             and start >= max(4 * q_len, meta.block_size)
         )
 

@@ -1,5 +1,6 @@
-// Paged decode attention on CPU: one query token per sequence attends over its context, read in
-// place from the paged KV cache through its block table (no gather copy).
+// Paged decode attention on CPU: each query row (a decode's token, or one token of a prefill
+// chunk over a cached prefix: worker/attention/cpu_backend.py) attends over its context, read
+// in place from the paged KV cache through its block table (no gather copy).
 //
 // Layout (worker/runner/kv_cache.py): k_cache, v_cache
 // [num_blocks, block_size, num_kv_heads, head_dim].
