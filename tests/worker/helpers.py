@@ -122,6 +122,26 @@ def logits_for(
     return runner.model.compute_logits(hidden).float()
 
 
+@torch.inference_mode()
+def greedy_decode(
+    runner: ModelRunner, seqs: list[list[int]], tables: list[list[int]], steps: int
+) -> torch.Tensor:
+    """`steps` greedy decode steps of every sequence together, each recomputing its last
+    token (all of seqs[i] is in the cache under tables[i]) and appending its argmax to
+    seqs[i] in place: the logits of every step [steps, S, V]."""
+    logits = []
+    for _ in range(steps):
+        chunks = [
+            SeqChunk(f"s{i}", seq[-1:], len(seq) - 1, table, True)
+            for i, (seq, table) in enumerate(zip(seqs, tables, strict=True))
+        ]
+        out = logits_for(runner, chunks)
+        logits.append(out)
+        for seq, token in zip(seqs, out.argmax(-1).tolist(), strict=True):
+            seq.append(token)
+    return torch.stack(logits)
+
+
 def full_logits(runner: ModelRunner, tokens: list[int], first_block: int = 0) -> torch.Tensor:
     """All-position logits of one prefill from position 0 on fresh blocks."""
     table = blocks_for(len(tokens), runner.block_size, first_block)

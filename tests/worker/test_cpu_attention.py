@@ -14,7 +14,7 @@ import torch
 
 from tests.serving import REPO
 from tests.worker.attention_reference import reference
-from tests.worker.helpers import logits_for, make_runner, random_tokens, run_mixed
+from tests.worker.helpers import greedy_decode, make_runner, random_tokens, run_mixed
 from worker import native
 from worker.attention import get_backend
 from worker.attention.cpu_backend import CpuPagedAttention
@@ -135,16 +135,7 @@ def test_decode_only_steps_equal_torch_backend_over_many_steps(kernel, tiny_llam
         tables = [list(range(i * 8, i * 8 + 8)) for i in range(3)]
         seqs = [list(p) for p in prompts]
         runner.execute([SeqChunk(f"s{i}", seqs[i], 0, tables[i], False) for i in range(3)])
-        logits = []
-        for _ in range(12):
-            chunks = [
-                SeqChunk(f"s{i}", seqs[i][-1:], len(seqs[i]) - 1, tables[i], True) for i in range(3)
-            ]
-            out = logits_for(runner, chunks)
-            logits.append(out)
-            for i, token in enumerate(out.argmax(-1).tolist()):
-                seqs[i].append(token)
-        return seqs, torch.stack(logits)
+        return seqs, greedy_decode(runner, seqs, tables, 12)
 
     ref_seqs, ref_logits = decode(make_runner(tiny_llama_dir, num_blocks=24))
     seqs, logits = decode(make_runner(tiny_llama_dir, num_blocks=24, attention_backend="cpu"))

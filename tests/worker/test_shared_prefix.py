@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.worker.attention_reference import reference, shared_prefix_layout
-from tests.worker.helpers import logits_for, make_runner, random_tokens
+from tests.worker.helpers import greedy_decode, logits_for, make_runner, random_tokens
 from worker import native
 from worker.attention.cpu_backend import CpuPagedAttention
 from worker.attention.shared_prefix import PrefixGroups, shared_prefix_groups
@@ -218,16 +218,7 @@ def test_decoding_sequences_on_a_shared_prefix_equal_the_torch_backend(
         seqs = [prefix + tail for tail in tails]
         runner.execute([SeqChunk("s0", seqs[0], 0, tables[0], False)])
         runner.execute([SeqChunk(f"s{i}", seqs[i][48:], 48, tables[i], False) for i in range(1, 5)])
-        logits = []
-        for _ in range(8):
-            chunks = [
-                SeqChunk(f"s{i}", seqs[i][-1:], len(seqs[i]) - 1, tables[i], True) for i in range(5)
-            ]
-            out = logits_for(runner, chunks)
-            logits.append(out)
-            for i, token in enumerate(out.argmax(-1).tolist()):
-                seqs[i].append(token)
-        return seqs, torch.stack(logits)
+        return seqs, greedy_decode(runner, seqs, tables, 8)
 
     ref_seqs, ref_logits = decode(make_runner(tiny_llama_dir, num_blocks=32))
     runner = make_runner(tiny_llama_dir, num_blocks=32, attention_backend="cpu")

@@ -144,10 +144,6 @@ void decode_kernel(
   }
 }
 
-}  // namespace
-
-namespace {
-
 // A group's claim is the kernel's to check, not to trust: its sequences' tables agree over the
 // shared blocks and every one of those keys is visible to each of them (no window).
 void check_groups(const at::Tensor& tables, const at::Tensor& lens, int64_t bs, int64_t window,
