@@ -9,9 +9,14 @@ median ms of `y = x @ W.T` computed as:
 - `F.linear` over the checkpoint's [out, in] weight (what the worker did before),
 - `x @ w_t` with the weight stored input-major ([in, out], contiguous),
 - oneDNN with a prepacked weight (`mkldnn._linear_pointwise`, `worker.layers.linear.CpuMatmul`),
+- kvledger's float32 sixteen-row tiles (`kvledger_quant::linear_f32_rows16`, AVX-512 only),
 
 and the largest difference of each from a float64 reference (the layouts compute the same
 products in different orders). Timings take turns per shape so drifts hit all alike.
+
+`--streamed` keeps enough copies of each weight (64 MiB and more) to take a different one
+each call: every call then reads its weight from memory, as a decode step does once the LM head
+has pushed the layers out of the caches.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from worker.layers.linear import f32_tiles
+from worker.quant import kernels
 
 SHAPES = {
     "tiny qkv": (512, 256),
@@ -49,34 +57,70 @@ def median_ms(fns: dict[str, Callable[[], torch.Tensor]], repeats: int) -> dict[
     return {name: sorted(ts)[len(ts) // 2] * 1e3 for name, ts in times.items()}
 
 
+class Copies:
+    """Copies of one weight in each layout, taken in turn (one copy unless streamed)."""
+
+    def __init__(self, out_f: int, in_f: int, copies: int, tiles: bool) -> None:
+        self.ws = [torch.randn(out_f, in_f) / in_f**0.5 for _ in range(copies)]
+        self.w_ts = [w.t().contiguous() for w in self.ws]
+        self.packs = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in self.ws]
+        self.tiles = [f32_tiles(w) for w in self.ws] if tiles else []
+        self.out_f, self.turn = out_f, 0
+
+    def pick(self, seq: list) -> torch.Tensor:
+        self.turn = (self.turn + 1) % len(self.ws)
+        return seq[self.turn]
+
+    def fns(self, x: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+        fns = {
+            "linear": lambda: F.linear(x, self.pick(self.ws)),
+            "w_t": lambda: x @ self.pick(self.w_ts),
+            "onednn": lambda: torch.ops.mkldnn._linear_pointwise(
+                x, self.pick(self.packs), None, "none", [], ""
+            ),
+        }
+        if self.tiles:
+            fns["tiles"] = lambda: torch.ops.kvledger_quant.linear_f32_rows16(
+                x, self.pick(self.tiles), self.out_f
+            )
+        return fns
+
+    def errors(self, x: torch.Tensor) -> dict[str, float]:
+        """Each layout's largest difference from float64 on the first copy."""
+        ref = F.linear(x.double(), self.ws[0].double())
+        err = {}
+        for name, fn in self.fns(x).items():
+            self.turn = len(self.ws) - 1  # the next pick is copy 0
+            err[name] = (fn().double() - ref).abs().max().item()
+        return err
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,4,16,128,548")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--streamed", action="store_true", help="weights read from memory each call")
+    ap.add_argument("--shapes", default="", help="comma-separated names (default: all)")
     args = ap.parse_args()
+    module = kernels.load()
+    tiles = not isinstance(module, str) and bool(module.cpu_has(kernels.ISAS["avx512"]))
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {args.threads} threads, float32; median ms (max error)")
-    print("| weight | [out, in] | rows | F.linear | x @ w_t | oneDNN | F.linear / oneDNN |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for name, (out_f, in_f) in SHAPES.items():
-        w = torch.randn(out_f, in_f) / in_f**0.5
-        w_t = w.t().contiguous()
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+    print("weights streamed from memory" if args.streamed else "weights in cache")
+    cols = "F.linear | x @ w_t | oneDNN |" + (" f32 tiles |" if tiles else "")
+    print(f"| weight | [out, in] | rows | {cols} F.linear / oneDNN |")
+    print("|---|---|---:|---:|---:|---:|" + ("---:|" if tiles else "") + "---:|")
+    for name in args.shapes.split(",") if args.shapes else SHAPES:
+        out_f, in_f = SHAPES[name]
+        copies = (64 << 20) // (out_f * in_f * 4) + 1 if args.streamed else 1
+        layouts = Copies(out_f, in_f, copies, tiles)
         for rows in map(int, args.rows.split(",")):
             x = torch.randn(rows, in_f)
-            ref = F.linear(x.double(), w.double())
-            fns = {
-                "linear": lambda x=x, w=w: F.linear(x, w),
-                "w_t": lambda x=x, w_t=w_t: x @ w_t,
-                "onednn": lambda x=x, p=packed: torch.ops.mkldnn._linear_pointwise(
-                    x, p, None, "none", [], ""
-                ),
-            }
-            ms = median_ms(fns, args.repeats)
-            err = {k: (fn().double() - ref).abs().max().item() for k, fn in fns.items()}
-            cells = " | ".join(f"{ms[k]:.3f} ({err[k]:.0e})" for k in fns)
+            ms = median_ms(layouts.fns(x), args.repeats)
+            err = layouts.errors(x)
+            cells = " | ".join(f"{ms[k]:.3f} ({err[k]:.0e})" for k in ms)
             print(
                 f"| {name} | [{out_f}, {in_f}] | {rows} | {cells} | "
                 f"{ms['linear'] / ms['onednn']:.1f}x |"

@@ -1,6 +1,7 @@
 """The CPU linear layers' layouts (`worker/layers/linear.py`): oneDNN's prepacked weight for
-batches of rows, and for a small model also the input-major copy for single rows; every layout
-computes `F.linear`, and only small models pay for the second copy."""
+batches of rows, and for a small model also float32 sixteen-row tiles for decode-sized batches
+(AVX-512; the input-major copy for single rows elsewhere); every layout computes `F.linear`, and
+only small models pay for the second copy."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ needs_onednn = pytest.mark.skipif(
 )
 
 
+needs_tiles = pytest.mark.skipif(
+    not linear.tiles_run(), reason="the float32 tiles' kernel needs AVX-512"
+)
+
+
 def weight(out: int = 1024, inp: int = 512) -> torch.Tensor:
     return torch.randn(out, inp, generator=torch.Generator().manual_seed(0))
 
@@ -26,8 +32,9 @@ def weight(out: int = 1024, inp: int = 512) -> torch.Tensor:
 def test_every_layout_computes_f_linear(both: bool) -> None:
     w, bias = weight(), torch.randn(1024)
     mm = CpuMatmul(w, both_layouts=both)
-    assert mm.packed is not None and (mm.weight_t is not None) == both
-    for rows in (1, 2, 16):
+    assert mm.packed is not None
+    assert (mm.weight_t is not None or mm.tiles is not None) == both
+    for rows in (1, 2, 16, 17):
         x = torch.randn(rows, 512)
         torch.testing.assert_close(mm(x), F.linear(x, w), atol=1e-4, rtol=1e-5)
         torch.testing.assert_close(mm(x, bias), F.linear(x, w, bias), atol=1e-4, rtol=1e-5)
@@ -35,12 +42,7 @@ def test_every_layout_computes_f_linear(both: bool) -> None:
     assert mm(x).shape == (3, 1, 1024)
 
 
-@needs_onednn
-def test_one_row_takes_the_input_major_copy_and_more_rows_take_onednn(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    mm = CpuMatmul(weight(), both_layouts=True)
-    assert mm.weight_t is not None
+def onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     real = torch.ops.mkldnn._linear_pointwise
 
@@ -49,10 +51,67 @@ def test_one_row_takes_the_input_major_copy_and_more_rows_take_onednn(
         return real(x, *args)
 
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counting)
+    return calls
+
+
+@needs_onednn
+def test_without_tiles_one_row_takes_the_input_major_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(linear, "tiles_run", lambda: False)
+    mm = CpuMatmul(weight(), both_layouts=True)
+    assert mm.weight_t is not None and mm.tiles is None
+    calls = onednn_calls(monkeypatch)
     mm(torch.randn(1, 512))
     assert calls == []
     mm(torch.randn(4, 512))
     assert calls == [4]
+
+
+@needs_onednn
+@needs_tiles
+def test_decode_batches_take_the_tiles_and_larger_ones_onednn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mm = CpuMatmul(weight(), both_layouts=True)
+    assert mm.tiles is not None and mm.weight_t is None  # one extra copy, not two
+    calls = onednn_calls(monkeypatch)
+    for rows in (1, 4, linear.TILE_MAX_ROWS):
+        mm(torch.randn(rows, 512))
+    assert calls == []
+    mm(torch.randn(linear.TILE_MAX_ROWS + 1, 512))
+    assert calls == [linear.TILE_MAX_ROWS + 1]
+
+
+@needs_tiles
+@pytest.mark.parametrize(("out", "inp"), [(1024, 512), (1000, 256), (30, 77), (16, 1), (5, 3)])
+def test_tiles_compute_f_linear_at_every_row_count(out: int, inp: int) -> None:
+    w = weight(out, inp)
+    tiles = linear.f32_tiles(w)
+    assert tiles.shape == (-(-out // 16), inp, 16)
+    for rows in (*range(1, 18), 40):
+        x = torch.randn(rows, inp, generator=torch.Generator().manual_seed(rows))
+        got = torch.ops.kvledger_quant.linear_f32_rows16(x, tiles, out)
+        ref = F.linear(x.double(), w.double())
+        assert got.shape == (rows, out)
+        # float32 sums in another order: a few ulps of the sum of |products|
+        bound = 1e-6 * (x.double().abs() @ w.double().abs().t()).max().item() + 1e-7
+        assert (got.double() - ref).abs().max().item() < bound, rows
+
+
+@needs_tiles
+def test_tiles_kernel_refuses_what_it_cannot_multiply() -> None:
+    tiles = linear.f32_tiles(weight(40, 64))
+    op = torch.ops.kvledger_quant.linear_f32_rows16
+    with pytest.raises(RuntimeError, match="x must be CPU float32"):
+        op(torch.randn(2, 63), tiles, 40)
+    with pytest.raises(RuntimeError, match="x must be CPU float32"):
+        op(torch.randn(2, 64, dtype=torch.float64), tiles, 40)
+    with pytest.raises(RuntimeError, match="tiles must be"):
+        op(torch.randn(2, 64), tiles, 60)  # 60 rows need 4 tiles, not 3
+    with pytest.raises(RuntimeError, match="tiles must be"):
+        op(torch.randn(2, 64), tiles.transpose(1, 2), 40)
+    assert op(torch.randn(0, 64), tiles, 40).shape == (0, 40)
 
 
 def test_only_small_models_keep_two_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,7 +123,9 @@ def test_only_small_models_keep_two_layouts(monkeypatch: pytest.MonkeyPatch) -> 
 
     small = model()
     prepare_for_device(small, torch.device("cpu"))
-    assert all(layer.cpu_matmul.weight_t is not None for layer in small)
+    for layer in small:
+        kept = layer.cpu_matmul
+        assert (kept.weight_t is not None) != (kept.tiles is not None)  # exactly one more
     assert all(layer.weight.numel() == 0 for layer in small)  # the parameter is released
     monkeypatch.setattr(linear, "BOTH_LAYOUTS_MAX_BYTES", 4 * 1024 * 512)  # under 2 weights
     large = model()
@@ -72,3 +133,4 @@ def test_only_small_models_keep_two_layouts(monkeypatch: pytest.MonkeyPatch) -> 
     for layer in large:
         kept = layer.cpu_matmul
         assert (kept.packed is None) != (kept.weight_t is None)  # exactly one layout
+        assert kept.tiles is None

@@ -10,6 +10,7 @@ products, computed 1.3-4.9x faster than `F.linear` at decode sizes on a 2-core A
 
 from __future__ import annotations
 
+import functools
 import logging
 from types import ModuleType
 
@@ -26,11 +27,35 @@ log = logging.getLogger(__name__)
 ONEDNN_MIN_ELEMENTS = 1 << 18
 
 
-# Models whose linear weights total at most this keep a second, input-major copy of each weight
-# that oneDNN runs (see CpuMatmul): at most this much more memory, for ~15% more tokens/s at
-# concurrency 1 on tiny-llama. A larger model keeps one copy: the second would cost as much
+# Models whose linear weights total at most this keep a second copy of each float32 weight for
+# decode-sized batches (see CpuMatmul): at most this much more memory, for ~15-25% more tokens/s
+# at concurrency 1 on tiny-llama. A larger model keeps one copy: the second would cost as much
 # memory as its weights (the worker should stay within ~1.2x its weights plus its KV pool).
 BOTH_LAYOUTS_MAX_BYTES = 256 * 2**20
+
+# Up to this many rows (a decode step's batch) the second copy is kvledger's float32
+# sixteen-row tiles where the CPU has AVX-512 (`kvledger_quant::linear_f32_rows16`).
+TILE_MAX_ROWS = 16
+
+
+def f32_tiles(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 [out, in] weight as sixteen-row tiles [ceil(out / 16), in, 16]: tiles[g][k][j]
+    is row 16 g + j's value k, rows past `out` zeros (worker/csrc/quant/rows16_f32.cpp)."""
+    out, inp = weight.shape
+    groups = -(-out // 16)
+    padded = weight.new_zeros(groups * 16, inp)
+    padded[:out] = weight
+    return padded.view(groups, 16, inp).transpose(1, 2).contiguous()
+
+
+@functools.cache
+def tiles_run() -> bool:
+    """Whether the float32 tiles' kernel runs here: the quantized kernels' extension built and
+    an AVX-512 CPU."""
+    from worker.quant import kernels  # the extension builds on first use, not at import
+
+    module = kernels.load()
+    return not isinstance(module, str) and bool(module.cpu_has(kernels.ISAS["avx512"]))
 
 
 class CpuMatmul:
@@ -43,17 +68,20 @@ class CpuMatmul:
     out], contiguous) and multiplied as `x @ w_t`, which MKL runs ~3.7x faster than `F.linear`
     at one row.
 
-    At one row the input-major layout can win instead: on a 2-core Xeon with AMX, `x @ w_t`
-    ran tiny-llama's LM head at one row in 0.67 ms against oneDNN's 0.99 (oneDNN wins from
-    four rows on: 1.40 against 1.51 ms). With `both_layouts` the weight is kept both ways and a
-    single row (a decode step of one sequence) takes the input-major one: serving at
-    concurrency 1 went from 271 to 313 tokens/s on that machine (`BOTH_LAYOUTS_MAX_BYTES`).
+    At decode sizes a layer is a stream of its weights, and neither library streams it at the
+    memory's rate. With `both_layouts` (a small model) a float32 weight is also kept as
+    sixteen-row tiles (`f32_tiles`) that kvledger's kernel reads with a prefetch ahead, and
+    batches of up to TILE_MAX_ROWS rows take them: docs/performance.md has the figures. On a
+    CPU without AVX-512 the second copy is the input-major one, for single rows (on a 2-core
+    Xeon with AMX, MKL's `x @ w_t` ran tiny-llama's LM head at one row in 0.67 ms against
+    oneDNN's 0.99).
     """
 
     def __init__(self, weight: torch.Tensor, both_layouts: bool = False) -> None:
         self.out_features = weight.shape[0]
         self.packed: torch.Tensor | None = None
         self.weight_t: torch.Tensor | None = None
+        self.tiles: torch.Tensor | None = None
         if torch.backends.mkldnn.is_available() and weight.numel() >= ONEDNN_MIN_ELEMENTS:
             try:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
@@ -61,12 +89,21 @@ class CpuMatmul:
             except RuntimeError as err:
                 log.debug("oneDNN linear unavailable for %s: %s", weight.dtype, err)
                 self.packed = None
-        if self.packed is None or both_layouts:
+        if both_layouts and weight.dtype == torch.float32 and tiles_run():
+            self.tiles = f32_tiles(weight)
+        if self.packed is None or (both_layouts and self.tiles is None):
             self.weight_t = weight.t().contiguous()
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        if self.packed is not None and (self.weight_t is None or flat.shape[0] > 1):
+        rows = flat.shape[0]
+        if self.tiles is not None and rows <= TILE_MAX_ROWS:
+            out = torch.ops.kvledger_quant.linear_f32_rows16(flat, self.tiles, self.out_features)
+            out = out.view(*x.shape[:-1], self.out_features)
+            return out if bias is None else out + bias
+        if self.packed is not None and (
+            self.weight_t is None or rows > 1 or self.tiles is not None
+        ):
             out = torch.ops.mkldnn._linear_pointwise(
                 flat.contiguous(), self.packed, bias, "none", [], ""
             )

@@ -37,6 +37,7 @@ SOURCES = [
         "rows16.cpp",
         "rows16_vnni.cpp",
         "rows16_avx512.cpp",
+        "rows16_f32.cpp",
     )
 ]
 HEADERS = [CSRC / "blocks.h", CSRC / "int8_tile.h", CSRC / "rows16.h", CSRC / "ops.h"]
@@ -131,3 +132,8 @@ def _register_fakes() -> None:
     torch.library.register_fake("kvledger_quant::linear_rows16", linear_rows16)
     torch.library.register_fake("kvledger_quant::linear_int8_rows16", linear_rows16)
     torch.library.register_fake("kvledger_quant::dequantize_rows16", dequantize_rows16)
+
+    def linear_f32_rows16(x: torch.Tensor, tiles: torch.Tensor, out_features: int) -> torch.Tensor:
+        return x.new_empty(*x.shape[:-1], out_features)
+
+    torch.library.register_fake("kvledger_quant::linear_f32_rows16", linear_f32_rows16)
