@@ -10,7 +10,9 @@
 // with the same contracts as linear.cpp's `linear`, `linear_int8` and `dequantize` over GGUF
 // rows. Q4_0 and Q4_1 run both kernels; Q8_0 the exact one, with int8 activations dequantized
 // for it.
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/extension.h>
 
 #include "ops.h"
@@ -89,9 +91,9 @@ at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int
 }
 
 // From this many activation rows (a prefill's) the exact path dequantizes the layer into a
-// float32 scratch and multiplies with torch's float GEMM: MKL/oneDNN run ~230 GFLOP/s on this
-// machine kind where the tiles' unpacking holds them to ~145, and one dequantization (~0.3 ms
-// for 576 x 3072) is paid back from ~128 rows. The same products, summed in another order:
+// float32 scratch and multiplies with a float GEMM (`float_gemm`): oneDNN ran ~230 GFLOP/s on
+// a 2-core AMX Xeon where the tiles' unpacking holds them to ~145, and one dequantization
+// (~0.3 ms for 576 x 3072) is paid back from ~128 rows. The same products, summed in another order:
 // within the exact path's contract, as the tiles are. Decode steps keep the tiles.
 constexpr int64_t kGemmRows = 128;
 // The scratch holds at most this many floats (8 MiB): a larger layer is multiplied in slabs of
@@ -121,21 +123,40 @@ at::Tensor dequantize_rows16_t(const at::Tensor& packed, int64_t type, int64_t i
   return wt;
 }
 
-// y [rows, out] = xf [rows, in] @ W^T through the float GEMM, a slab of output columns at a time.
-void gemm_rows16(const at::Tensor& xf, const at::Tensor& packed, int64_t type, int64_t in,
-                 at::Tensor& y) {
+// y = x @ wt (wt [in, n], a column slab's W^T) through oneDNN's matmul on the plain layout, as
+// `torch.ops.mkldnn._linear_pointwise` (called boxed: no private header), else through at::mm
+// (MKL). Why oneDNN: on a 2-core AMD EPYC (Zen 5) MKL's sgemm ran SmolLM2's layers at 576 rows
+// 2.2-2.4x slower (576 -> 3072: 9.9 against 4.5 ms), taking code paths below AVX-512 there.
+at::Tensor float_gemm(const at::Tensor& x2, const at::Tensor& wt) {
+  static const std::optional<c10::OperatorHandle> onednn =
+      at::hasMKLDNN() ? c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""})
+                      : std::nullopt;
+  if (!onednn) return at::mm(x2, wt);
+  torch::jit::Stack stack{x2, wt.t(), c10::IValue(), std::string("none"),
+                          c10::List<std::optional<at::Scalar>>(), c10::IValue()};
+  onednn->callBoxed(stack);
+  return stack[0].toTensor();
+}
+
+// xf [rows, in] @ W^T [rows, out] through the float GEMM, a slab of output columns at a time
+// (one slab, the whole layer, for the models served here: its result is the output).
+at::Tensor gemm_rows16(const at::Tensor& xf, const at::Tensor& packed, int64_t type, int64_t in) {
   const int64_t groups = packed.size(0), rows = xf.numel() / in;
   const int64_t slab = std::max<int64_t>(1, kScratchFloats / (in * kGroupRows));  // groups
   thread_local std::vector<float> wt;  // kept for the next call: no page faults per layer
   wt.resize(std::min(slab, groups) * kGroupRows * in);
   const at::Tensor x2 = xf.view({rows, in});
-  at::Tensor y2 = y.view({rows, groups * kGroupRows});
+  auto slab_product = [&](int64_t g, int64_t n) {
+    dequantize_t_into(packed, type, in, g, g + n / kGroupRows, wt.data(), n);
+    return float_gemm(x2, at::from_blob(wt.data(), {in, n}, xf.options()));
+  };
+  if (groups <= slab) return slab_product(0, groups * kGroupRows);
+  at::Tensor y = at::empty({rows, groups * kGroupRows}, xf.options());
   for (int64_t g = 0; g < groups; g += slab) {
     const int64_t n = std::min(slab, groups - g) * kGroupRows;
-    dequantize_t_into(packed, type, in, g, g + n / kGroupRows, wt.data(), n);
-    at::Tensor cols = y2.narrow(1, g * kGroupRows, n);
-    at::mm_out(cols, x2, at::from_blob(wt.data(), {in, n}, xf.options()));
+    y.narrow(1, g * kGroupRows, n).copy_(slab_product(g, n));
   }
+  return y;
 }
 
 // linear over rows16 tiles: the exact path (float activations), AVX-512F.
@@ -148,12 +169,12 @@ at::Tensor linear_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t 
   const int64_t groups = packed.size(0), out = groups * kGroupRows, rows = xf.numel() / in;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = out;
-  at::Tensor y = at::empty(shape, xf.options());
-  if (rows == 0 || out == 0) return y.to(x.scalar_type());
-  if (rows >= kGemmRows) {
-    gemm_rows16(xf, packed, type, in, y);
+  if (rows >= kGemmRows && out > 0) {
+    const at::Tensor y = gemm_rows16(xf, packed, type, in).view(shape);
     return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
   }
+  at::Tensor y = at::empty(shape, xf.options());
+  if (rows == 0 || out == 0) return y.to(x.scalar_type());
   const float* xp = xf.data_ptr<float>();
 #if defined(__x86_64__)
   const Rows16FloatArgs args{static_cast<int>(type), packed.data_ptr<uint8_t>(), in, xp, in,
