@@ -6,7 +6,8 @@
 For each weight shape of SmolLM2-135M ([out, in]: q/o 576x576, gate/up 1536x576, down
 576x1536, k/v 192x576, LM head 49152x576) and each row count (1 = a batch-1 decode step), the
 median ms of `y = x @ W.T` as the worker runs it in float32 (`CpuMatmul`: oneDNN's prepacked
-weight, and the input-major copy a small model keeps for one row) and as `QuantizedLinear` over
+weight, and the float32 tiles a small model keeps for decode-sized batches, or the input-major
+copy for one row where the CPU has no AVX-512) and as `QuantizedLinear` over
 the same weights quantized by `gguf.quants.quantize`, with the bytes each holds and the
 quantized output's largest error relative to the float32 product of the dequantized weight.
 Where the layer takes sixteen-row tiles (AVX-512), the same layer on its GGUF rows (the

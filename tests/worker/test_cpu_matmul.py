@@ -18,9 +18,15 @@ needs_onednn = pytest.mark.skipif(
 )
 
 
-needs_tiles = pytest.mark.skipif(
-    not linear.tiles_run(), reason="the float32 tiles' kernel needs AVX-512"
-)
+@pytest.fixture(autouse=True)
+def private_build(kv_cache_dir):  # noqa: ANN001 - the quant kernels build into the test cache
+    return kv_cache_dir
+
+
+@pytest.fixture
+def tiles() -> None:
+    if not linear.tiles_run():
+        pytest.skip("the float32 tiles' kernel needs AVX-512 and the quantized kernels' build")
 
 
 def weight(out: int = 1024, inp: int = 512) -> torch.Tensor:
@@ -69,7 +75,7 @@ def test_without_tiles_one_row_takes_the_input_major_copy(
 
 
 @needs_onednn
-@needs_tiles
+@pytest.mark.usefixtures("tiles")
 def test_decode_batches_take_the_tiles_and_larger_ones_onednn(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -83,7 +89,7 @@ def test_decode_batches_take_the_tiles_and_larger_ones_onednn(
     assert calls == [linear.TILE_MAX_ROWS + 1]
 
 
-@needs_tiles
+@pytest.mark.usefixtures("tiles")
 @pytest.mark.parametrize(("out", "inp"), [(1024, 512), (1000, 256), (30, 77), (16, 1), (5, 3)])
 def test_tiles_compute_f_linear_at_every_row_count(out: int, inp: int) -> None:
     w = weight(out, inp)
@@ -99,7 +105,7 @@ def test_tiles_compute_f_linear_at_every_row_count(out: int, inp: int) -> None:
         assert (got.double() - ref).abs().max().item() < bound, rows
 
 
-@needs_tiles
+@pytest.mark.usefixtures("tiles")
 def test_tiles_kernel_refuses_what_it_cannot_multiply() -> None:
     tiles = linear.f32_tiles(weight(40, 64))
     op = torch.ops.kvledger_quant.linear_f32_rows16
@@ -112,8 +118,46 @@ def test_tiles_kernel_refuses_what_it_cannot_multiply() -> None:
     with pytest.raises(RuntimeError, match="tiles must be"):
         op(torch.randn(2, 64), tiles.transpose(1, 2), 40)
     assert op(torch.randn(0, 64), tiles, 40).shape == (0, 40)
+    empty = linear.f32_tiles(torch.randn(40, 0))
+    assert op(torch.randn(3, 0), empty, 40).eq(0).all()  # empty sums, as F.linear
 
 
+@pytest.mark.usefixtures("tiles")
+def test_a_layer_too_small_for_onednn_takes_the_tiles_then_the_input_major_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w, bias = weight(256, 256), torch.randn(256)  # under ONEDNN_MIN_ELEMENTS
+    mm = CpuMatmul(w, both_layouts=True)
+    assert mm.packed is None and mm.weight_t is not None and mm.tiles is not None
+    calls: list[int] = []
+    real = torch.ops.kvledger_quant.linear_f32_rows16
+
+    def counting(x, *args):  # noqa: ANN001, ANN002
+        calls.append(x.shape[0])
+        return real(x, *args)
+
+    monkeypatch.setattr(torch.ops.kvledger_quant, "linear_f32_rows16", counting)
+    for rows in (1, 16, 17, 300):
+        x = torch.randn(rows, 256)
+        torch.testing.assert_close(mm(x, bias), F.linear(x, w, bias), atol=1e-4, rtol=1e-5)
+    assert calls == [1, 16]
+
+
+@pytest.mark.usefixtures("tiles")
+def test_a_narrower_isa_forced_keeps_float_layers_off_the_tiles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KVLEDGER_QUANT_ISA", "avx2")
+    linear.tiles_run.cache_clear()
+    try:
+        mm = CpuMatmul(weight(), both_layouts=True)
+        assert mm.tiles is None and mm.weight_t is not None
+    finally:
+        monkeypatch.delenv("KVLEDGER_QUANT_ISA")
+        linear.tiles_run.cache_clear()
+
+
+@needs_onednn
 def test_only_small_models_keep_two_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
     def model() -> nn.Module:
         layers = nn.ModuleList([Linear(512, 1024), Linear(1024, 512)])
@@ -123,9 +167,10 @@ def test_only_small_models_keep_two_layouts(monkeypatch: pytest.MonkeyPatch) -> 
 
     small = model()
     prepare_for_device(small, torch.device("cpu"))
-    for layer in small:
+    for layer in small:  # oneDNN's copy and exactly one more
         kept = layer.cpu_matmul
-        assert (kept.weight_t is not None) != (kept.tiles is not None)  # exactly one more
+        assert kept.packed is not None
+        assert (kept.weight_t is not None) != (kept.tiles is not None)
     assert all(layer.weight.numel() == 0 for layer in small)  # the parameter is released
     monkeypatch.setattr(linear, "BOTH_LAYOUTS_MAX_BYTES", 4 * 1024 * 512)  # under 2 weights
     large = model()

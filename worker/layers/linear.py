@@ -4,8 +4,9 @@ Parameters are created with `torch.empty`: the loader overwrites every one of th
 initializing a large model's weights only to discard them costs seconds.
 
 On CPU, after loading, each linear layer re-lays its weight for oneDNN (`CpuMatmul`): the same
-products, computed 1.3-4.9x faster than `F.linear` at decode sizes on a 2-core AVX-512 EPYC
-(`benchmarks/linear_layouts.py` measures every layout side by side).
+products, computed 1.3-4.9x faster than `F.linear` at decode sizes on a 2-core AVX-512 EPYC; a
+small model also keeps float32 sixteen-row tiles that decode-sized batches stream through
+kvledger's own kernel (`benchmarks/linear_layouts.py` measures every layout side by side).
 """
 
 from __future__ import annotations
@@ -50,10 +51,13 @@ def f32_tiles(weight: torch.Tensor) -> torch.Tensor:
 
 @functools.cache
 def tiles_run() -> bool:
-    """Whether the float32 tiles' kernel runs here: the quantized kernels' extension built and
-    an AVX-512 CPU."""
+    """Whether the float32 tiles' kernel runs here: the quantized kernels' extension built, an
+    AVX-512 CPU, and KVLEDGER_QUANT_ISA left to the CPU or naming AVX-512 (a narrower path
+    forced for the quantized kernels keeps float layers off AVX-512 too)."""
     from worker.quant import kernels  # the extension builds on first use, not at import
 
+    if kernels.isa_from_env() not in (kernels.ISAS["auto"], kernels.ISAS["avx512"]):
+        return False
     module = kernels.load()
     return not isinstance(module, str) and bool(module.cpu_has(kernels.ISAS["avx512"]))
 
@@ -71,7 +75,10 @@ class CpuMatmul:
     At decode sizes a layer is a stream of its weights, and neither library streams it at the
     memory's rate. With `both_layouts` (a small model) a float32 weight is also kept as
     sixteen-row tiles (`f32_tiles`) that kvledger's kernel reads with a prefetch ahead, and
-    batches of up to TILE_MAX_ROWS rows take them: docs/performance.md has the figures. On a
+    batches of up to TILE_MAX_ROWS rows take them; larger ones take oneDNN, or for a layer
+    too small for oneDNN the input-major copy (MKL's blocked sums: the kernel's one FMA chain
+    a row over a 24-row prefill moved a Q5_K test model's logits of ~150 by 1.2e-4, past the
+    1e-4 that tests/worker/test_gguf.py holds them to): docs/performance.md has the figures. On a
     CPU without AVX-512 the second copy is the input-major one, for single rows (on a 2-core
     Xeon with AMX, MKL's `x @ w_t` ran tiny-llama's LM head at one row in 0.67 ms against
     oneDNN's 0.99).
@@ -101,9 +108,7 @@ class CpuMatmul:
             out = torch.ops.kvledger_quant.linear_f32_rows16(flat, self.tiles, self.out_features)
             out = out.view(*x.shape[:-1], self.out_features)
             return out if bias is None else out + bias
-        if self.packed is not None and (
-            self.weight_t is None or rows > 1 or self.tiles is not None
-        ):
+        if self.packed is not None and (rows > 1 or self.weight_t is None):
             out = torch.ops.mkldnn._linear_pointwise(
                 flat.contiguous(), self.packed, bias, "none", [], ""
             )

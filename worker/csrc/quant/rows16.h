@@ -65,8 +65,9 @@ struct Rows16FloatArgs {
 // them), activation rows kRows at a time (each tile read once feeds kRows rows' sums), then
 // the rest in tiles of kRows / 2, kRows / 4, ... 1 (13 rows after none of 16: 8 + 4 + 1).
 // `group(std::integral_constant<int, R>{}, r0, g)` computes rows r0 .. r0 + R - 1 of group g;
-// R is a compile-time constant so its accumulators stay in registers. A kernel must give each
-// row the same sums whatever tile it falls in: a row's output never depends on its batch.
+// R is a compile-time constant so its accumulators stay in registers. A quantized kernel must
+// give each row the same sums whatever tile it falls in: a row's output never depends on its
+// batch (the float32 layers' kernel, rows16_f32.cpp, is exempt and says why).
 // Plain loops with no intrinsics: each kernel file instantiates it with its own group function.
 template <int R, class Group>
 inline int64_t rows16_tiles(int64_t rows, int64_t r, int64_t g0, int64_t g1, const Group& group) {

@@ -12,7 +12,9 @@
 // prefetcher stops at each 4 KiB page, as the quantized kernels found) and has no per-call
 // packing or dispatch of its own beyond torch's thread pool. The same products as `x @ W^T`,
 // summed in another order (four chains a row below four rows, then added: an FMA's latency is
-// four of its issue slots).
+// four of its issue slots). Unlike the quantized kernels' rule (rows16.h), a row's sums here
+// may differ in the last bits with the size of its batch: the float32 layers already change
+// layout with it (oneDNN from 17 rows), so no batch size gives the same bits as another.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -98,7 +100,8 @@ at::Tensor linear_f32_rows16(const at::Tensor& x, const at::Tensor& tiles, int64
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = out;
   at::Tensor y = at::empty(shape, xf.options());
-  const int64_t rows = in == 0 ? 0 : xf.numel() / in, groups = tiles.size(0);
+  if (in == 0) return y.zero_();  // empty sums
+  const int64_t rows = xf.numel() / in, groups = tiles.size(0);
   if (rows == 0 || out == 0) return y;
 #if defined(__x86_64__)
   const F32Args args{tiles.data_ptr<float>(), in, xf.data_ptr<float>(), rows, y.data_ptr<float>(), out};

@@ -15,6 +15,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/extension.h>
 
+#include <atomic>
+
 #include "ops.h"
 #include "rows16.h"
 
@@ -127,14 +129,23 @@ at::Tensor dequantize_rows16_t(const at::Tensor& packed, int64_t type, int64_t i
 // `torch.ops.mkldnn._linear_pointwise` (called boxed: no private header), else through at::mm
 // (MKL). Why oneDNN: on a 2-core AMD EPYC (Zen 5) MKL's sgemm ran SmolLM2's layers at 576 rows
 // 2.2-2.4x slower (576 -> 3072: 9.9 against 4.5 ms), taking code paths below AVX-512 there.
+// If oneDNN ever refuses (a torch whose op takes other arguments), at::mm from then on.
 at::Tensor float_gemm(const at::Tensor& x2, const at::Tensor& wt) {
   static const std::optional<c10::OperatorHandle> onednn =
       at::hasMKLDNN() ? c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""})
                       : std::nullopt;
-  if (!onednn) return at::mm(x2, wt);
+  static std::atomic<bool> refused{false};
+  if (!onednn || refused.load(std::memory_order_relaxed)) return at::mm(x2, wt);
   torch::jit::Stack stack{x2, wt.t(), c10::IValue(), std::string("none"),
                           c10::List<std::optional<at::Scalar>>(), c10::IValue()};
-  onednn->callBoxed(stack);
+  try {
+    onednn->callBoxed(stack);
+  } catch (const c10::Error& err) {
+    TORCH_WARN_ONCE("kvledger_quant: oneDNN's linear refused the prefill GEMM (", err.what_without_backtrace(),
+                    "); using at::mm");
+    refused.store(true, std::memory_order_relaxed);
+    return at::mm(x2, wt);
+  }
   return stack[0].toTensor();
 }
 
