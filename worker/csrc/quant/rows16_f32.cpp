@@ -14,7 +14,7 @@
 // summed in another order (four chains a row below four rows, then added: an FMA's latency is
 // four of its issue slots). Unlike the quantized kernels' rule (rows16.h), a row's sums here
 // may differ in the last bits with the size of its batch: the float32 layers already change
-// layout with it (oneDNN from 17 rows), so no batch size gives the same bits as another.
+// library with it (oneDNN or MKL from 17 rows), so batches never gave a row the same bits.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
