@@ -48,16 +48,21 @@ def test_every_layout_computes_f_linear(both: bool) -> None:
     assert mm(x).shape == (3, 1, 1024)
 
 
-def onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def row_counts(monkeypatch: pytest.MonkeyPatch, namespace: object, op: str) -> list[int]:
+    """The row count of every call to `namespace.op` from now on (the op still runs)."""
     calls: list[int] = []
-    real = torch.ops.mkldnn._linear_pointwise
+    real = getattr(namespace, op)
 
     def counting(x, *args):  # noqa: ANN001, ANN002
         calls.append(x.shape[0])
         return real(x, *args)
 
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", counting)
+    monkeypatch.setattr(namespace, op, counting)
     return calls
+
+
+def onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    return row_counts(monkeypatch, torch.ops.mkldnn, "_linear_pointwise")
 
 
 @needs_onednn
@@ -129,14 +134,7 @@ def test_a_layer_too_small_for_onednn_takes_the_tiles_then_the_input_major_copy(
     w, bias = weight(256, 256), torch.randn(256)  # under ONEDNN_MIN_ELEMENTS
     mm = CpuMatmul(w, both_layouts=True)
     assert mm.packed is None and mm.weight_t is not None and mm.tiles is not None
-    calls: list[int] = []
-    real = torch.ops.kvledger_quant.linear_f32_rows16
-
-    def counting(x, *args):  # noqa: ANN001, ANN002
-        calls.append(x.shape[0])
-        return real(x, *args)
-
-    monkeypatch.setattr(torch.ops.kvledger_quant, "linear_f32_rows16", counting)
+    calls = row_counts(monkeypatch, torch.ops.kvledger_quant, "linear_f32_rows16")
     for rows in (1, 16, 17, 300):
         x = torch.randn(rows, 256)
         torch.testing.assert_close(mm(x, bias), F.linear(x, w, bias), atol=1e-4, rtol=1e-5)
