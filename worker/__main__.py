@@ -154,6 +154,7 @@ def runner_kwargs(settings: WorkerSettings) -> dict[str, Any]:
         seed=settings.seed,
         attention_backend=settings.attention_backend,
         fused_cpu_ops=settings.fused_cpu_ops,
+        screened_greedy_head=settings.screened_greedy_head,
         quantization=settings.quantization,
         cuda_graph_max_batch=settings.cuda_graph_max_batch if settings.cuda_graphs else 0,
         progress=settings.log_format == "text",  # a progress bar is no JSON line

@@ -85,6 +85,13 @@ class WorkerSettings(
         "the greedy argmax as compiled kernels (built once per machine, with "
         "--attention-backend cpu's); --no-fused-cpu-ops runs them as torch ops",
     )
+    screened_greedy_head: bool = option(
+        True,
+        "on CPU, find a greedy row's token in a small float32 model's LM head by screening "
+        "every logit in bfloat16 and computing only the candidates in float32: the same token "
+        "as the full float32 head, ties included (where oneDNN has native bfloat16: AVX512-BF16 "
+        "or AMX); --no-screened-greedy-head computes every logit",
+    )
     quantization: str = option(
         "auto",
         "a GGUF file's Q8_0/Q4_0/Q4_1 weights: gguf keeps their blocks in memory and multiplies "

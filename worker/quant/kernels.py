@@ -38,6 +38,7 @@ SOURCES = [
         "rows16_vnni.cpp",
         "rows16_avx512.cpp",
         "rows16_f32.cpp",
+        "screen.cpp",
     )
 ]
 HEADERS = [CSRC / "blocks.h", CSRC / "int8_tile.h", CSRC / "rows16.h", CSRC / "ops.h"]

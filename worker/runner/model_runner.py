@@ -19,6 +19,7 @@ from worker.attention.base import AttentionBackend
 from worker.attention.dense import dense_plan, seq_positions
 from worker.attention.flash_attn_backend import FlashAttention
 from worker.config import EncoderConfig, ModelConfig
+from worker.layers.greedy_head import screen_for
 from worker.layers.linear import prepare_for_device
 from worker.models import build_model
 from worker.models.loader import load_weights
@@ -28,6 +29,7 @@ from worker.runner.batch import BatchLimits, SeqChunk, prepare_batch
 from worker.runner.cuda_graphs import DecodeGraphs
 from worker.runner.kv_cache import KVCache, KVShape, gpu_kv_budget, num_blocks_for
 from worker.runner.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
+from worker.sample import sampler as sampling_rules
 from worker.sample.constraints import Constraint, Grammars
 from worker.sample.sampler import NONFINITE_LOGITS, PromptLogprobs, Sample, Sampler, score_tokens
 
@@ -78,6 +80,7 @@ class ModelRunner:
         gpu_memory_utilization: float = 0.9,
         tp: TPGroup | None = None,
         fused_cpu_ops: bool = True,
+        screened_greedy_head: bool = True,
         quantization: str = "auto",
         cuda_graph_max_batch: int = 0,
         tokenizer: str | None = None,
@@ -118,6 +121,8 @@ class ModelRunner:
         load_weights(self.model, Path(model_path), progress=progress, skip=held)
         ops = _native_ops(fused_cpu_ops, self.device)
         prepare_for_device(self.model, self.device, ops)
+        # greedy rows' tokens from a bfloat16 screen and a few float32 logits (same tokens)
+        self.greedy_head = screen_for(self.model.lm_head, self.vocab_size, screened_greedy_head)
         if size_from_gpu:  # what the weights left of the utilization budget goes to KV
             free, total = torch.cuda.mem_get_info(self.device)
             budget = gpu_kv_budget(total, free, gpu_memory_utilization)
@@ -191,10 +196,11 @@ class ModelRunner:
         out: list[Sample | None] = [None] * len(chunks)
         if sampling:
             rows = torch.tensor([last_rows[i] for i in sampling], device=self.device)
-            logits = self.model.compute_logits(hidden[rows])
-            samples = self.sampler(
-                logits, [chunks[i] for i in sampling], masks.result() if masks else None
-            )
+            picked = [chunks[i] for i in sampling]
+            samples = self._screened(hidden[rows], picked, masks is not None)
+            if samples is None:
+                logits = self.model.compute_logits(hidden[rows])
+                samples = self.sampler(logits, picked, masks.result() if masks else None)
             for i, sample in zip(sampling, samples, strict=True):
                 out[i] = sample
         for i, chunk in enumerate(chunks):
@@ -202,6 +208,16 @@ class ModelRunner:
                 first_row = last_rows[i] - len(chunk.token_ids) + 1
                 out[i] = _with_prompt(out[i], self._score_prompt(hidden, first_row, chunk))
         return out
+
+    def _screened(
+        self, last: torch.Tensor, chunks: list[SeqChunk], masked: bool
+    ) -> list[Sample] | None:
+        """Plain greedy rows' samples through the screened head (worker/layers/greedy_head.py),
+        or None: the full logits and the sampler decide."""
+        if self.greedy_head is None or masked or not all(map(sampling_rules.plain_greedy, chunks)):
+            return None
+        tokens = self.greedy_head(last)
+        return None if tokens is None else [Sample(token) for token in tokens]
 
     def constraint(self, spec: StructuredSpec) -> Constraint:
         return self.grammars.constraint(spec)

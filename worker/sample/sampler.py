@@ -116,6 +116,21 @@ def _candidates(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) 
     return min(n, vocab)
 
 
+def plain_greedy(chunk: SeqChunk) -> bool:
+    """Whether the chunk's token is its logits' first largest index and nothing else is read
+    of them: greedy, no logprobs, penalties, logit bias, min_tokens mask or grammar (a
+    greedy row with top_k 1 and a temperature draws among ties: not plain)."""
+    sp = chunk.sampling
+    return (
+        sp.temperature < MIN_TEMPERATURE
+        and sp.logprobs < 0
+        and not sp.has_penalties
+        and not sp.logit_bias
+        and not sp.min_tokens_masked
+        and chunk.constraint is None
+    )
+
+
 def finite_rows(logits: torch.Tensor) -> torch.Tensor:
     """[N, V] -> [N] bool: the rows holding neither NaN nor inf."""
     # A NaN or inf makes its row's sum non-finite, and a sum reads the row once without a
