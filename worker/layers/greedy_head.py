@@ -3,29 +3,32 @@
 A greedy row needs only the index of its largest logit. `ScreenedArgmax` finds it in two
 passes over the head:
 
-1. Screen: every logit approximately, in bfloat16 through oneDNN (a bfloat16 copy of the
-   weight: half the bytes of float32, and twice the products per instruction where the CPU has
-   AVX512-BF16 or AMX). Each approximate logit `a_j` is within `e_j = SCREEN_BOUND * |x| |w_j|`
-   of the float32 logit `l_j` the head would compute (below), so only the tokens with
-   `a_j + e_j >= max_i (a_i - e_i)` can hold a row's largest float32 logit: the candidates.
-2. Decide: the candidates' sixteen-row tile groups through the same float32 tile kernel, on the
-   same rows, that computes the full head (`kvledger_quant::linear_f32_rows16`): the same sums,
-   bit for bit (a group's sums do not depend on which other groups a call computes). The
-   row's token is the first index of the largest of them, as `argmax` over the full logits.
+1. Screen: every logit approximately, from a bfloat16 copy of the weight and the row rounded
+   to bfloat16, summed in float32 by AVX512-BF16's two-product instruction
+   (`kvledger_quant::screen_bf16`, worker/csrc/quant/screen.cpp: half the bytes of the
+   float32 head, twice the products per instruction). Each approximate logit `a_j` is within
+   `e_j = SCREEN_BOUND |x| |w_j|` of the float32 logit `l_j` the head would compute (below), so
+   only a token with `a_j + e_j >= max_i (a_i - e_i)` can hold a row's largest float32 logit.
+   The screen returns the sixteen-token tile groups that hold such a candidate for any row.
+2. Decide: those groups through the same float32 tile kernel, on the same rows, that computes
+   the full head (`kvledger_quant::linear_f32_rows16`): the same sums, bit for bit (a group's
+   sums do not depend on which other groups a call computes). A row's token is the first index
+   of the largest of them. Every token tied at the row's float32 maximum is a candidate, so
+   this is `argmax` over the full logits, ties included; the groups' other tokens are smaller
+   or equal and change nothing.
 
-So the token equals the full float32 head's greedy token, ties included, always; only the work
-differs: on tiny-llama's 30522 x 256 head a row has 1-6 candidates (one or two groups), and
-the screen costs half the float32 pass or less (docs/performance.md).
+On tiny-llama's 30522 x 256 head a row has 1-6 candidates; the screen streams 15.6 MB where
+the float32 head streams 31 MB (docs/performance.md has the figures).
 
 The bound. bfloat16 keeps 8 significant bits (unit roundoff u = 2^-8): rounding x and w costs
-each product at most (2u + u^2)|x_k w_k|, oneDNN's float32 accumulation at most
-K 2^-24 of the sum of |products| (K the hidden size), and the bfloat16 output one more u of
-|a_j|; the float32 head's own sum is within K 2^-24 of the exact one. By Cauchy-Schwarz
-`sum_k |x_k w_jk| <= |x| |w_j|`. For K up to 2^12 all of it is under 3.1 u |x| |w_j|, and
-SCREEN_BOUND = 4u leaves room for the norms' own rounding. oneDNN may flush subnormal inputs
-and outputs to zero: each flushed product is under 2^-126 max|w|, covered by an absolute
-slack of K 2^-124 max|w| + 2^-124 added to every bound. A hidden size past MAX_IN_FEATURES,
-a non-finite row, a logit that could overflow, too many candidates, or more rows than the tiles
+each product at most (2u + u^2)|x_k w_k| (the products themselves are exact in float32), the
+float32 sums at most K 2^-24 of the sum of |products| (K the hidden size), and the float32
+head's own sum is within K 2^-24 of the exact one. By Cauchy-Schwarz
+`sum_k |x_k w_jk| <= |x| |w_j|`. For K up to MAX_IN_FEATURES (2^12) all of it is under 2.1 u
+|x| |w_j|, and SCREEN_BOUND = 4u leaves room for the rounding of the norms and of the bound
+itself. The instruction treats subnormal inputs and outputs as zero: each product lost so is
+under 2^-126 max|w|, covered by an absolute slack of (K max|w| + 1) 2^-124 on every bound. A
+non-finite row, a logit that could overflow, too many candidates, or more rows than the tiles
 take: the caller computes the full logits instead (`None`).
 """
 
@@ -34,24 +37,34 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
 SCREEN_BOUND = 2.0**-6  # 4u, u = 2^-8 (the module docstring derives it)
-MAX_IN_FEATURES = 1 << 12  # where the accumulation terms of the bound stay under 0.1 u
-# Past this share of the vocabulary's tile groups among the candidates, the float32 pass over
-# the whole head is no dearer than the screen plus the decision: compute all of it.
+MAX_IN_FEATURES = 1 << 12  # where the float32 sums' terms of the bound stay under 0.1 u
+# Past this share of the vocabulary's groups among the candidates, the float32 pass over the
+# whole head costs no more than the screen plus the decision: compute all of it.
 MAX_CANDIDATE_GROUP_SHARE = 0.25
 # float32 overflows at ~3.4e38; |l_j| <= |x| |w_j| (1 + 1e-3), so below this no logit can.
 OVERFLOW_GUARD = 1e37
 GROUP_ROWS = 16  # vocabulary rows per tile group (worker/csrc/quant/rows16_f32.cpp)
 
 
-def bf16_linear_available() -> bool:
-    """Whether oneDNN multiplies bfloat16 here at full speed (AVX512-BF16 or AMX): without it,
-    its bfloat16 path converts to float32 and the screen would cost more than it saves."""
-    mkldnn = torch.backends.mkldnn
-    return bool(mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+def screen_runs() -> bool:
+    """Whether the screen's kernel runs here: the quantized kernels built, and AVX512-BF16."""
+    from worker.quant import kernels  # the extension builds on first use, not at import
+
+    return not isinstance(kernels.load(), str) and bool(torch.ops.kvledger_quant.screen_bf16_runs())
+
+
+def bf16_tiles(weight: torch.Tensor) -> torch.Tensor:
+    """A [16 G, K] weight as the screen's tiles [G, ceil(K / 2), 16, 2] in bfloat16: tiles[g][k]
+    holds row 16 g + j's values 2k and 2k + 1 in lane j (a zero pads an odd K)."""
+    rows, inp = weight.shape
+    pairs = -(-inp // 2)
+    padded = F.pad(weight, (0, 2 * pairs - inp)).bfloat16()
+    return padded.view(rows // GROUP_ROWS, GROUP_ROWS, pairs, 2).transpose(1, 2).contiguous()
 
 
 class ScreenedArgmax:
@@ -60,17 +73,17 @@ class ScreenedArgmax:
 
     def __init__(self, tiles: torch.Tensor, vocab_size: int, max_rows: int) -> None:
         groups, inp, rows = tiles.shape
-        if rows != GROUP_ROWS or groups * GROUP_ROWS < vocab_size:
+        if rows != GROUP_ROWS or not (groups - 1) * GROUP_ROWS < vocab_size <= groups * rows:
             raise ValueError(f"tiles of shape {tuple(tiles.shape)} do not hold {vocab_size} rows")
         self.tiles = tiles
         self.vocab_size = vocab_size
         self.max_rows = max_rows
-        weight = tiles.transpose(1, 2).reshape(groups * GROUP_ROWS, inp)[:vocab_size]
-        self.norms = weight.double().norm(dim=1).float()  # [V]: |w_j|
-        self.max_norm = float(self.norms.max()) if vocab_size else 0.0
-        # subnormals flushed to zero (module docstring); a normal float32, far below any gap
-        self.slack = (inp * float(weight.abs().max()) + 1.0) * 2.0**-124
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.bfloat16(), None)
+        weight = tiles.transpose(1, 2).reshape(groups * GROUP_ROWS, inp)  # padding rows: zeros
+        self.norms = weight.double().norm(dim=1).float()  # [16 G]: |w_j|
+        self.max_norm = float(self.norms.max())
+        self.slack = (inp * float(weight.abs().max()) + 1.0) * 2.0**-124  # subnormals (above)
+        self.screen_tiles = bf16_tiles(weight)
+        self.pad = 2 * self.screen_tiles.shape[1] - inp
         self.max_groups = max(1, int(groups * MAX_CANDIDATE_GROUP_SHARE))
         self.screened_rows = 0  # rows decided by the screen (the tests check that it ran)
 
@@ -84,18 +97,14 @@ class ScreenedArgmax:
             why = "the LM head has no float32 tiles"
         elif tiles.shape[1] > MAX_IN_FEATURES:
             why = f"hidden size {tiles.shape[1]} is past {MAX_IN_FEATURES}"
-        elif not bf16_linear_available():
-            why = "oneDNN has no native bfloat16 here"
+        elif not screen_runs():
+            why = "this CPU has no AVX512-BF16"
         elif not bool(torch.isfinite(tiles).all()):
             why = "the LM head holds non-finite weights"
         if why is not None:
             log.info("greedy LM head screen off: %s", why)
             return None
-        try:
-            return cls(tiles, vocab_size, max_rows)
-        except RuntimeError as err:  # oneDNN refused the bfloat16 weight
-            log.info("greedy LM head screen off: %s", err)
-            return None
+        return cls(tiles, vocab_size, max_rows)
 
     def __call__(self, x: torch.Tensor) -> list[int] | None:
         """x [R, K] float32 -> each row's greedy token, or None: compute the full logits."""
@@ -104,25 +113,20 @@ class ScreenedArgmax:
             return None
         x = x.contiguous()
         x_norm = x.double().norm(dim=1)
-        top = float(x_norm.max())
-        if not top * self.max_norm < OVERFLOW_GUARD:  # also catches NaN and inf
+        if not float(x_norm.max()) * self.max_norm < OVERFLOW_GUARD:  # NaN and inf too
             return None
-        approx = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), self.packed, None, "none", [], "")
-        scale = SCREEN_BOUND * x_norm.float()
-        floor, groups = torch.ops.kvledger_quant.screen_groups(
-            approx, scale, self.norms, 1.0, self.slack
+        pairs = F.pad(x, (0, self.pad)).bfloat16().view(torch.int32)
+        scale = (SCREEN_BOUND * x_norm).float()
+        groups = torch.ops.kvledger_quant.screen_bf16(
+            pairs, self.screen_tiles, scale, self.norms, self.slack, self.vocab_size
         )
-        if groups.numel() > self.max_groups:
+        if not 0 < groups.numel() <= self.max_groups:
             return None
         exact = torch.ops.kvledger_quant.linear_f32_rows16(
             x, self.tiles.index_select(0, groups), groups.numel() * GROUP_ROWS
         )
         cols = (groups.unsqueeze(1) * GROUP_ROWS + torch.arange(GROUP_ROWS)).flatten()
-        inside = cols < self.vocab_size
-        near = cols.clamp(max=self.vocab_size - 1)  # padding columns are never candidates
-        bound = scale.unsqueeze(1) * self.norms[near] + self.slack
-        candidate = (approx[:, near].float() + bound >= floor.unsqueeze(1)) & inside
-        scores = exact.masked_fill(~candidate, float("-inf"))
+        scores = exact.masked_fill(cols >= self.vocab_size, float("-inf"))  # padding tokens
         best = scores.argmax(dim=1)  # the first largest: `cols` ascend
         if not bool(torch.isfinite(scores.gather(1, best.unsqueeze(1))).all()):
             return None

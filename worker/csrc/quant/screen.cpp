@@ -1,20 +1,21 @@
-// The candidate search of the screened greedy LM head (worker/layers/greedy_head.py):
+// The screen of the greedy LM head (worker/layers/greedy_head.py), in one pass over a bfloat16
+// copy of the head:
 //
-//   kvledger_quant::screen_groups(approx [R, V] bfloat16, x_norm [R] float32, norms [V] float32,
-//                                 bound float, slack float) -> (floor [R] float32, groups [G] int64)
+//   kvledger_quant::screen_bf16(x [R, K2] int32: bfloat16 pairs, tiles [G, K2, 16, 2] bfloat16,
+//                               scale [R] float32, norms [G * 16] float32, slack float,
+//                               vocab int) -> groups [n] int64
 //
-// With e_rj = bound * x_norm[r] * norms[j] + slack, row r's floor is max_j (approx[r][j] - e_rj)
-// and token j is one of its candidates when approx[r][j] + e_rj >= floor[r]; `groups` are the
-// sixteen-token groups (j / 16) holding any row's candidate, ascending. Two passes over each
-// row, in one call, sixteen tokens (a group) a vector on AVX-512, plain C++ elsewhere: as
-// torch ops the same search allocated five [R, V] temporaries a step and cost more than the
-// screen saves. The bound's float32 rounding (an FMA here, two operations in plain C++) is
-// far inside the margin greedy_head.py leaves.
+// tiles[g][k][j] holds token 16 g + j's values 2k and 2k + 1, x[r][k] row r's (zeros pad an
+// odd K), so one VDPBF16PS adds two products of sixteen tokens to their float32 sums. With
+// a_rj the sum and e_rj = scale[r] norms[j] + slack, row r's floor is max_j (a_rj - e_rj); the
+// groups returned, ascending, are those where some row's a_rj + e_rj reaches its floor: the
+// groups of every candidate. Each group is checked as it is computed (the largest a + e of its
+// sixteen tokens per row, kept in a [R, G] table), so the approximate logits are never
+// written. Like the float32 tiles' kernel it prefetches 2 KiB ahead: at one row the screen is
+// a stream of the weights, and the hardware prefetcher stops at each 4 KiB page.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
-#include <algorithm>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -28,103 +29,125 @@
 namespace kvledger::quant {
 namespace {
 
-float bf16_to_float(uint16_t v) {
-  const uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+bool cpu_has_bf16() {
+#if defined(__x86_64__)
+  static const bool has = cpu_has(kAvx512) && __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
 }
 
-// Row r: its floor, and a mark in `hit` for each group holding one of its candidates.
-float screen_row(const uint16_t* a, float scale, const float* norms, float slack, int64_t v,
-                 uint8_t* hit) {
-  float floor = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < v; ++j) floor = std::max(floor, bf16_to_float(a[j]) - (scale * norms[j] + slack));
-  for (int64_t j = 0; j < v; ++j)
-    if (bf16_to_float(a[j]) + (scale * norms[j] + slack) >= floor) hit[j / kGroupRows] = 1;
-  return floor;
-}
+struct ScreenArgs {
+  const uint16_t* w;  // group g's tile at w + g * k2 * 32
+  int64_t k2;         // bfloat16 pairs a row
+  const int32_t* x;   // row r's pairs at x + r * k2
+  const float* scale;
+  const float* norms;
+  float slack;
+  int64_t vocab;
+  int64_t groups;
+  float* hi;  // [R, G]: the largest a + e of each group's tokens, per row
+  float* lo;  // [threads, R]: each thread's largest a - e, per row
+};
 
 #if defined(__x86_64__)
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")
 
-// screen_row on 16 tokens a step: one group per vector.
-float screen_row_avx512(const uint16_t* a, float scale, const float* norms, float slack, int64_t v,
-                        uint8_t* hit) {
-  const __m512 s = _mm512_set1_ps(scale), c = _mm512_set1_ps(slack);
-  auto load = [&](int64_t j, __mmask16 m, __m512* x, __m512* e) {
-    const __m256i raw = _mm256_maskz_loadu_epi16(m, a + j);
-    *x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    *e = _mm512_fmadd_ps(s, _mm512_maskz_loadu_ps(m, norms + j), c);
-  };
-  const int64_t full = v / kGroupRows * kGroupRows;
-  const __mmask16 tail = static_cast<__mmask16>((1u << (v - full)) - 1);
-  __m512 lo = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), x, e;
-  for (int64_t j = 0; j < full; j += kGroupRows) {
-    load(j, 0xffff, &x, &e);
-    lo = _mm512_max_ps(lo, _mm512_sub_ps(x, e));
+constexpr int64_t kPrefetchPairs = 2048 / 4;  // 2 KiB ahead of the tile being read
+
+template <int R>
+void screen_group(const ScreenArgs& a, int64_t r0, int64_t g, float* lo) {
+  const uint16_t* t = a.w + g * a.k2 * 32;
+  const int32_t* x = a.x + r0 * a.k2;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < a.k2; ++k) {
+    const uint16_t* wk = t + k * 32;
+    _mm_prefetch(reinterpret_cast<const char*>(wk + 2 * kPrefetchPairs), _MM_HINT_T0);
+    const __m512bh w = reinterpret_cast<__m512bh>(_mm512_loadu_si512(wk));
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm512_dpbf16_ps(acc[r], w, reinterpret_cast<__m512bh>(_mm512_set1_epi32(x[r * a.k2 + k])));
   }
-  if (tail) {
-    load(full, tail, &x, &e);
-    lo = _mm512_mask_max_ps(lo, tail, lo, _mm512_sub_ps(x, e));
+  const int64_t o = g * kGroupRows, n = a.vocab - o < kGroupRows ? a.vocab - o : kGroupRows;
+  const __mmask16 live = static_cast<__mmask16>((1u << n) - 1);  // padding tokens take no part
+  const __m512 norms = _mm512_loadu_ps(a.norms + o), inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  for (int r = 0; r < R; ++r) {
+    const __m512 e = _mm512_fmadd_ps(_mm512_set1_ps(a.scale[r0 + r]), norms, _mm512_set1_ps(a.slack));
+    const __m512 low = _mm512_mask_sub_ps(-inf, live, acc[r], e);
+    lo[r0 + r] = std::max(lo[r0 + r], _mm512_reduce_max_ps(low));
+    a.hi[(r0 + r) * a.groups + g] = _mm512_reduce_max_ps(_mm512_mask_add_ps(-inf, live, acc[r], e));
   }
-  const float floor = _mm512_reduce_max_ps(lo);
-  const __m512 f = _mm512_set1_ps(floor);
-  for (int64_t j = 0; j < v; j += kGroupRows) {
-    const __mmask16 m = j < full ? static_cast<__mmask16>(0xffff) : tail;
-    load(j, m, &x, &e);
-    if (_mm512_mask_cmp_ps_mask(m, _mm512_add_ps(x, e), f, _CMP_GE_OQ)) hit[j / kGroupRows] = 1;
-  }
-  return floor;
+}
+
+void screen_groups(const ScreenArgs& a, int64_t rows, int64_t g_begin, int64_t g_end) {
+  float* lo = a.lo + at::get_thread_num() * rows;
+  rows16_drive<kGroupRows>(rows, g_begin, g_end, [&](auto r, int64_t r0, int64_t g) {
+    screen_group<decltype(r)::value>(a, r0, g, lo);
+  });
 }
 
 #pragma GCC pop_options
 #endif  // __x86_64__
 
-std::tuple<at::Tensor, at::Tensor> screen_groups(const at::Tensor& approx, const at::Tensor& x_norm,
-                                                 const at::Tensor& norms, double bound, double slack) {
-  TORCH_CHECK(approx.device().is_cpu() && approx.scalar_type() == at::kBFloat16 && approx.dim() == 2,
-              "screen_groups: approx must be a CPU bfloat16 [rows, vocab]");
-  const int64_t rows = approx.size(0), v = approx.size(1);
-  TORCH_CHECK(x_norm.scalar_type() == at::kFloat && x_norm.dim() == 1 && x_norm.size(0) == rows,
-              "screen_groups: x_norm must be float32 [", rows, "]");
-  TORCH_CHECK(norms.scalar_type() == at::kFloat && norms.dim() == 1 && norms.size(0) == v,
-              "screen_groups: norms must be float32 [", v, "]");
-  const at::Tensor a = approx.contiguous(), xn = x_norm.contiguous(), wn = norms.contiguous();
-  const int64_t num_groups = (v + kGroupRows - 1) / kGroupRows;
-  at::Tensor floors = at::empty({rows}, xn.options());
-  std::vector<uint8_t> hits(static_cast<size_t>(rows * num_groups), 0);
-  const auto* ap = reinterpret_cast<const uint16_t*>(a.data_ptr<at::BFloat16>());
-  const float *xp = xn.data_ptr<float>(), *np = wn.data_ptr<float>();
-  float* fp = floors.data_ptr<float>();
-  auto row = screen_row;
+at::Tensor screen_bf16(const at::Tensor& x, const at::Tensor& tiles, const at::Tensor& scale,
+                       const at::Tensor& norms, double slack, int64_t vocab) {
+  TORCH_CHECK(cpu_has_bf16(), "screen_bf16: this CPU has no AVX512-BF16");
+  TORCH_CHECK(tiles.device().is_cpu() && tiles.scalar_type() == at::kBFloat16 && tiles.dim() == 4 &&
+                  tiles.is_contiguous() && tiles.size(2) == kGroupRows && tiles.size(3) == 2,
+              "screen_bf16: tiles must be a contiguous CPU bfloat16 [groups, K / 2, 16, 2]");
+  const int64_t groups = tiles.size(0), k2 = tiles.size(1);
+  TORCH_CHECK(vocab > (groups - 1) * kGroupRows && vocab <= groups * kGroupRows,
+              "screen_bf16: ", groups, " groups do not hold ", vocab, " tokens");
+  TORCH_CHECK(x.scalar_type() == at::kInt && x.dim() == 2 && x.size(1) == k2 && x.is_contiguous(),
+              "screen_bf16: x must be contiguous int32 [rows, ", k2, "] (bfloat16 pairs)");
+  const int64_t rows = x.size(0);
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.numel() == rows && scale.is_contiguous(),
+              "screen_bf16: scale must be float32 [", rows, "]");
+  TORCH_CHECK(norms.scalar_type() == at::kFloat && norms.numel() == groups * kGroupRows &&
+                  norms.is_contiguous(),
+              "screen_bf16: norms must be float32 [", groups * kGroupRows, "]");
+  std::vector<float> hi(static_cast<size_t>(rows * groups));
+  std::vector<float> lo(static_cast<size_t>(at::get_num_threads() * rows),
+                        -std::numeric_limits<float>::infinity());
 #if defined(__x86_64__)
-  if (cpu_has(kAvx512)) row = screen_row_avx512;
+  const ScreenArgs args{reinterpret_cast<const uint16_t*>(tiles.data_ptr<at::BFloat16>()),
+                        k2,
+                        x.data_ptr<int32_t>(),
+                        scale.data_ptr<float>(),
+                        norms.data_ptr<float>(),
+                        static_cast<float>(slack),
+                        vocab,
+                        groups,
+                        hi.data(),
+                        lo.data()};
+  const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / std::max<int64_t>(1, 2 * k2 * rows * kGroupRows));
+  at::parallel_for(0, groups, grain, [&](int64_t b, int64_t e) { screen_groups(args, rows, b, e); });
 #endif
-  at::parallel_for(0, rows, 1, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r)
-      fp[r] = row(ap + r * v, static_cast<float>(bound) * xp[r], np, static_cast<float>(slack), v,
-                  hits.data() + r * num_groups);
-  });
-  std::vector<int64_t> groups;
-  for (int64_t g = 0; g < num_groups; ++g)
+  std::vector<float> floor(static_cast<size_t>(rows), -std::numeric_limits<float>::infinity());
+  for (size_t i = 0; i < lo.size(); ++i) floor[i % rows] = std::max(floor[i % rows], lo[i]);
+  std::vector<int64_t> picked;
+  for (int64_t g = 0; g < groups; ++g)
     for (int64_t r = 0; r < rows; ++r)
-      if (hits[r * num_groups + g]) {
-        groups.push_back(g);
+      if (hi[r * groups + g] >= floor[r]) {
+        picked.push_back(g);
         break;
       }
-  at::Tensor out = at::empty({static_cast<int64_t>(groups.size())}, at::kLong);
-  std::copy(groups.begin(), groups.end(), out.data_ptr<int64_t>());
-  return {floors, out};
+  at::Tensor out = at::empty({static_cast<int64_t>(picked.size())}, at::kLong);
+  std::copy(picked.begin(), picked.end(), out.data_ptr<int64_t>());
+  return out;
 }
 
 }  // namespace
 
+bool screen_bf16_runs() { return cpu_has_bf16(); }
+
 TORCH_LIBRARY_FRAGMENT(kvledger_quant, m) {
-  m.def("screen_groups(Tensor approx, Tensor x_norm, Tensor norms, float bound, float slack) -> (Tensor, Tensor)");
+  m.def("screen_bf16(Tensor x, Tensor tiles, Tensor scale, Tensor norms, float slack, int vocab) -> Tensor");
+  m.def("screen_bf16_runs() -> bool", &screen_bf16_runs);
 }
 
-TORCH_LIBRARY_IMPL(kvledger_quant, CPU, m) { m.impl("screen_groups", &screen_groups); }
+TORCH_LIBRARY_IMPL(kvledger_quant, CPU, m) { m.impl("screen_bf16", &screen_bf16); }
 
 }  // namespace kvledger::quant
