@@ -58,13 +58,14 @@ def screen_runs() -> bool:
     return not isinstance(kernels.load(), str) and bool(torch.ops.kvledger_quant.screen_bf16_runs())
 
 
-def bf16_tiles(weight: torch.Tensor) -> torch.Tensor:
-    """A [16 G, K] weight as the screen's tiles [G, ceil(K / 2), 16, 2] in bfloat16: tiles[g][k]
-    holds row 16 g + j's values 2k and 2k + 1 in lane j (a zero pads an odd K)."""
-    rows, inp = weight.shape
+def bf16_tiles(tiles: torch.Tensor) -> torch.Tensor:
+    """Float32 tiles [G, K, 16] (`f32_tiles`) as the screen's [G, ceil(K / 2), 16, 2] in
+    bfloat16: tiles[g][k] holds row 16 g + j's values 2k and 2k + 1 in lane j (a zero pads an
+    odd K). Built from the tiles, not a [V, K] copy: loading holds no float32 copy beyond them."""
+    groups, inp, _ = tiles.shape
     pairs = -(-inp // 2)
-    padded = F.pad(weight, (0, 2 * pairs - inp)).bfloat16()
-    return padded.view(rows // GROUP_ROWS, GROUP_ROWS, pairs, 2).transpose(1, 2).contiguous()
+    half = F.pad(tiles.bfloat16(), (0, 0, 0, 2 * pairs - inp))
+    return half.view(groups, pairs, 2, GROUP_ROWS).transpose(2, 3).contiguous()
 
 
 class ScreenedArgmax:
@@ -78,11 +79,15 @@ class ScreenedArgmax:
         self.tiles = tiles
         self.vocab_size = vocab_size
         self.max_rows = max_rows
-        weight = tiles.transpose(1, 2).reshape(groups * GROUP_ROWS, inp)  # padding rows: zeros
-        self.norms = weight.double().norm(dim=1).float()  # [16 G]: |w_j|
+        # |w_j| of each row, padding rows (zeros) included: [16 G], summed in float64 a slice
+        # of groups at a time (a float64 copy of the whole head would double the load's peak)
+        norms = [piece.double().norm(dim=1) for piece in tiles.split(64)]
+        self.norms = torch.cat(norms).flatten().float()
         self.max_norm = float(self.norms.max())
-        self.slack = (inp * float(weight.abs().max()) + 1.0) * 2.0**-124  # subnormals (above)
-        self.screen_tiles = bf16_tiles(weight)
+        low, high = tiles.aminmax()
+        largest = max(-float(low), float(high))
+        self.slack = (inp * largest + 1.0) * 2.0**-124  # subnormals (module docstring)
+        self.screen_tiles = bf16_tiles(tiles)
         self.pad = 2 * self.screen_tiles.shape[1] - inp
         self.max_groups = max(1, int(groups * MAX_CANDIDATE_GROUP_SHARE))
         self.screened_rows = 0  # rows decided by the screen (the tests check that it ran)
