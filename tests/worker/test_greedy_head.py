@@ -86,6 +86,7 @@ def test_what_it_cannot_bound_goes_to_the_full_logits(screens: None) -> None:
     assert screen(x.clone().fill_(float("nan"))) is None
     assert screen(torch.where(torch.arange(32) == 3, float("inf"), x)) is None
     assert screen(x * 1e37) is None  # a logit could overflow
+    assert screen(torch.cat([x[:1], torch.full((1, 32), 1e38)])) is None  # past bfloat16
     assert screen(torch.randn(17, 32)) is None  # more rows than the tiles take
     flat, _ = screen_of(torch.ones(640, 32))  # every token a candidate: no saving
     assert flat(x) is None
@@ -97,6 +98,8 @@ def test_a_head_it_cannot_screen_gets_none(screens: None) -> None:
     w[3, 2] = float("nan")
     assert ScreenedArgmax.for_head(f32_tiles(w), 64, 16) is None
     assert ScreenedArgmax.for_head(None, 64, 16) is None
+    w[3, 2] = 1e38  # finite in float32, not in bfloat16
+    assert ScreenedArgmax.for_head(f32_tiles(w), 64, 16) is None
 
 
 def test_only_plain_greedy_rows_qualify() -> None:

@@ -64,7 +64,9 @@ def bf16_tiles(tiles: torch.Tensor) -> torch.Tensor:
     odd K). Built from the tiles, not a [V, K] copy: loading holds no float32 copy beyond them."""
     groups, inp, _ = tiles.shape
     pairs = -(-inp // 2)
-    half = F.pad(tiles.bfloat16(), (0, 0, 0, 2 * pairs - inp))
+    half = tiles.bfloat16()
+    if 2 * pairs != inp:
+        half = F.pad(half, (0, 0, 0, 1))
     return half.view(groups, pairs, 2, GROUP_ROWS).transpose(2, 3).contiguous()
 
 
@@ -106,6 +108,8 @@ class ScreenedArgmax:
             why = "this CPU has no AVX512-BF16"
         elif not bool(torch.isfinite(tiles).all()):
             why = "the LM head holds non-finite weights"
+        elif max(-float(tiles.min()), float(tiles.max())) >= OVERFLOW_GUARD:
+            why = "the LM head holds weights past bfloat16's range"
         if why is not None:
             log.info("greedy LM head screen off: %s", why)
             return None
@@ -118,7 +122,9 @@ class ScreenedArgmax:
             return None
         x = x.contiguous()
         x_norm = x.double().norm(dim=1)
-        if not float(x_norm.max()) * self.max_norm < OVERFLOW_GUARD:  # NaN and inf too
+        top = float(x_norm.max())
+        # no logit can overflow, nor any x_k in bfloat16; NaN and inf fail both
+        if not (top < OVERFLOW_GUARD and top * self.max_norm < OVERFLOW_GUARD):
             return None
         pairs = F.pad(x, (0, self.pad)).bfloat16().view(torch.int32)
         scale = (SCREEN_BOUND * x_norm).float()
