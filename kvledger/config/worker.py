@@ -89,8 +89,8 @@ class WorkerSettings(
         True,
         "on CPU, find a greedy row's token in a small float32 model's LM head by screening "
         "every logit in bfloat16 and computing only the candidates in float32: the same token "
-        "as the full float32 head, ties included (where oneDNN has native bfloat16: AVX512-BF16 "
-        "or AMX); --no-screened-greedy-head computes every logit",
+        "as the full float32 head, ties included (CPUs with AVX512-BF16; a bfloat16 copy of "
+        "the head, half its size); --no-screened-greedy-head computes every logit",
     )
     quantization: str = option(
         "auto",

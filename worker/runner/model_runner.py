@@ -196,10 +196,10 @@ class ModelRunner:
         out: list[Sample | None] = [None] * len(chunks)
         if sampling:
             rows = torch.tensor([last_rows[i] for i in sampling], device=self.device)
-            picked = [chunks[i] for i in sampling]
-            samples = self._screened(hidden[rows], picked, masks is not None)
+            picked, last = [chunks[i] for i in sampling], hidden[rows]
+            samples = self._screened(last, picked, masks is not None)
             if samples is None:
-                logits = self.model.compute_logits(hidden[rows])
+                logits = self.model.compute_logits(last)
                 samples = self.sampler(logits, picked, masks.result() if masks else None)
             for i, sample in zip(sampling, samples, strict=True):
                 out[i] = sample
