@@ -65,3 +65,13 @@ def gguf_file(
     out = tmp_path_factory.mktemp(f"gguf-{request.param}") / f"llama.{request.param}.gguf"
     export(hf_checkpoint("llama"), out, request.param)
     return out
+
+
+@pytest.fixture
+def f32_tiles_kernel(kv_cache_dir: Path) -> None:
+    """Skips the test where kvledger's float32 tile kernel cannot run (no AVX-512, or the
+    quantized kernels do not build); the kernels build into the test cache, not the user's."""
+    from worker.layers import linear
+
+    if not linear.tiles_run():
+        pytest.skip("the float32 tiles' kernel needs AVX-512 and the quantized kernels' build")

@@ -23,12 +23,6 @@ def private_build(kv_cache_dir):  # noqa: ANN001 - the quant kernels build into 
     return kv_cache_dir
 
 
-@pytest.fixture
-def tiles() -> None:
-    if not linear.tiles_run():
-        pytest.skip("the float32 tiles' kernel needs AVX-512 and the quantized kernels' build")
-
-
 def weight(out: int = 1024, inp: int = 512) -> torch.Tensor:
     return torch.randn(out, inp, generator=torch.Generator().manual_seed(0))
 
@@ -80,7 +74,7 @@ def test_without_tiles_one_row_takes_the_input_major_copy(
 
 
 @needs_onednn
-@pytest.mark.usefixtures("tiles")
+@pytest.mark.usefixtures("f32_tiles_kernel")
 def test_decode_batches_take_the_tiles_and_larger_ones_onednn(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -94,7 +88,7 @@ def test_decode_batches_take_the_tiles_and_larger_ones_onednn(
     assert calls == [linear.TILE_MAX_ROWS + 1]
 
 
-@pytest.mark.usefixtures("tiles")
+@pytest.mark.usefixtures("f32_tiles_kernel")
 @pytest.mark.parametrize(("out", "inp"), [(1024, 512), (1000, 256), (30, 77), (16, 1), (5, 3)])
 def test_tiles_compute_f_linear_at_every_row_count(out: int, inp: int) -> None:
     w = weight(out, inp)
@@ -110,7 +104,7 @@ def test_tiles_compute_f_linear_at_every_row_count(out: int, inp: int) -> None:
         assert (got.double() - ref).abs().max().item() < bound, rows
 
 
-@pytest.mark.usefixtures("tiles")
+@pytest.mark.usefixtures("f32_tiles_kernel")
 def test_tiles_kernel_refuses_what_it_cannot_multiply() -> None:
     tiles = linear.f32_tiles(weight(40, 64))
     op = torch.ops.kvledger_quant.linear_f32_rows16
@@ -127,7 +121,7 @@ def test_tiles_kernel_refuses_what_it_cannot_multiply() -> None:
     assert op(torch.randn(3, 0), empty, 40).eq(0).all()  # empty sums, as F.linear
 
 
-@pytest.mark.usefixtures("tiles")
+@pytest.mark.usefixtures("f32_tiles_kernel")
 def test_a_layer_too_small_for_onednn_takes_the_tiles_then_the_input_major_copy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -141,7 +135,7 @@ def test_a_layer_too_small_for_onednn_takes_the_tiles_then_the_input_major_copy(
     assert calls == [1, 16]
 
 
-@pytest.mark.usefixtures("tiles")
+@pytest.mark.usefixtures("f32_tiles_kernel")
 def test_a_narrower_isa_forced_keeps_float_layers_off_the_tiles(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

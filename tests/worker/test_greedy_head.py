@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.layers import linear
 from worker.layers.greedy_head import ScreenedArgmax, screen_runs
 from worker.layers.linear import f32_tiles
 from worker.runner.batch import SeqChunk
@@ -17,15 +16,8 @@ from worker.sample.sampling_params import SamplingParams
 from .helpers import blocks_for, make_runner, random_tokens
 
 
-@pytest.fixture(autouse=True)
-def private_build(kv_cache_dir):  # noqa: ANN001 - the quant kernels build into the test cache
-    return kv_cache_dir
-
-
 @pytest.fixture
-def screens() -> None:
-    if not linear.tiles_run():
-        pytest.skip("the float32 tiles' kernel needs AVX-512 and the quantized kernels' build")
+def screens(f32_tiles_kernel: None) -> None:
     if not screen_runs():
         pytest.skip("the screen needs AVX512-BF16")
 
@@ -91,6 +83,11 @@ def test_what_it_cannot_bound_goes_to_the_full_logits(screens: None) -> None:
     flat, _ = screen_of(torch.ones(640, 32))  # every token a candidate: no saving
     assert flat(x) is None
     assert screen.screened_rows == 0 and flat.screened_rows == 0
+    no_rows = torch.zeros(0, 16, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="no rows"):
+        torch.ops.kvledger_quant.screen_bf16(
+            no_rows, screen.screen_tiles, torch.zeros(0), screen.norms, 0.0, 640
+        )
 
 
 def test_a_head_it_cannot_screen_gets_none(screens: None) -> None:

@@ -197,7 +197,7 @@ class ModelRunner:
         if sampling:
             rows = torch.tensor([last_rows[i] for i in sampling], device=self.device)
             picked, last = [chunks[i] for i in sampling], hidden[rows]
-            samples = self._screened(last, picked, masks is not None)
+            samples = self._screened(last, picked)
             if samples is None:
                 logits = self.model.compute_logits(last)
                 samples = self.sampler(logits, picked, masks.result() if masks else None)
@@ -209,12 +209,11 @@ class ModelRunner:
                 out[i] = _with_prompt(out[i], self._score_prompt(hidden, first_row, chunk))
         return out
 
-    def _screened(
-        self, last: torch.Tensor, chunks: list[SeqChunk], masked: bool
-    ) -> list[Sample] | None:
+    def _screened(self, last: torch.Tensor, chunks: list[SeqChunk]) -> list[Sample] | None:
         """Plain greedy rows' samples through the screened head (worker/layers/greedy_head.py),
-        or None: the full logits and the sampler decide."""
-        if self.greedy_head is None or masked or not all(map(sampling_rules.plain_greedy, chunks)):
+        or None: the full logits and the sampler decide (a row with a grammar is not plain, so
+        no mask is ever skipped)."""
+        if self.greedy_head is None or not all(map(sampling_rules.plain_greedy, chunks)):
             return None
         tokens = self.greedy_head(last)
         return None if tokens is None else [Sample(token) for token in tokens]

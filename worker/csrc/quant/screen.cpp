@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -103,6 +104,7 @@ at::Tensor screen_bf16(const at::Tensor& x, const at::Tensor& tiles, const at::T
   TORCH_CHECK(x.scalar_type() == at::kInt && x.dim() == 2 && x.size(1) == k2 && x.is_contiguous(),
               "screen_bf16: x must be contiguous int32 [rows, ", k2, "] (bfloat16 pairs)");
   const int64_t rows = x.size(0);
+  TORCH_CHECK(rows > 0, "screen_bf16: no rows");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.numel() == rows && scale.is_contiguous(),
               "screen_bf16: scale must be float32 [", rows, "]");
   TORCH_CHECK(norms.scalar_type() == at::kFloat && norms.numel() == groups * kGroupRows &&
