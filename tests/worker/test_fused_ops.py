@@ -196,3 +196,41 @@ def test_the_greedy_sampler_uses_the_kernel_and_still_fails_nonfinite_rows(ops) 
     assert [s.token_id for i, s in enumerate(fused) if i != 2] == [
         int(logits[i].argmax()) for i in (0, 1, 3)
     ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_equals_torchs_indexed_copies(ops, dtype: torch.dtype) -> None:
+    """The compiled KV write (the CPU backend's) puts every row where torch's two `index_copy_`
+    calls do, from strided views too, and leaves every other slot alone."""
+    from worker.attention.torch_backend import write_kv
+
+    gen = torch.Generator().manual_seed(3)
+    shape = (6, 16, 3, 64)  # blocks, block size, KV heads, head dim
+    k_cache, v_cache = torch.randn(shape, generator=gen).to(dtype), torch.randn(shape).to(dtype)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    qkv = torch.randn(5, 9, 64, generator=gen).to(dtype)
+    k, v = qkv[:, 3:6], qkv[:, 6:]  # views into a packed projection, as split gives them
+    slots = torch.tensor([0, 17, 95, 40, 41])
+    write_kv(k, v, want_k, want_v, slots)
+    ops.write_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+
+def test_write_kv_refuses_what_index_copy_refuses(ops) -> None:
+    cache = torch.zeros(2, 16, 3, 64)
+    k = torch.randn(1, 3, 64)
+    for bad in (torch.tensor([32]), torch.tensor([-1])):
+        with pytest.raises(RuntimeError, match="outside the 32 slots"):
+            ops.write_kv(k, k, cache, cache.clone(), bad)
+    assert cache.eq(0).all()  # a refused write writes nothing
+    with pytest.raises(RuntimeError, match="k and v must be"):
+        ops.write_kv(k.double(), k, cache, cache.clone(), torch.tensor([1]))
+    with pytest.raises(RuntimeError, match="slot_mapping must be int64"):
+        ops.write_kv(k, k, cache, cache.clone(), torch.tensor([1], dtype=torch.int32))
+
+
+def test_the_cpu_backend_writes_through_the_kernel(ops) -> None:
+    from worker.attention import TorchAttention, get_backend
+
+    assert get_backend("cpu").write_kv is ops.write_kv
+    assert TorchAttention().write_kv is not ops.write_kv  # the reference keeps torch's copies

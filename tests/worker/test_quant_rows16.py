@@ -145,6 +145,26 @@ def test_a_row_does_not_depend_on_its_batch(module, acts, qtype) -> None:  # noq
     assert layer(x.to(torch.bfloat16)).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_the_layers_entry_points_are_the_registered_operators(module, qtype) -> None:  # noqa: ANN001
+    """The layers call the module's pybind entry points (no torch.ops dispatch): the same
+    functions as the registered operators, bit for bit, refusing the same bad input."""
+    avx512_or_skip(module)
+    blocks, _ = quantized(48, 96, qtype, seed=11)
+    tiles = ops.pack_rows16(blocks, int(qtype), 96)
+    x = int8_activations(5, 96, 2)
+    direct = module.linear_rows16(x, tiles, int(qtype), 96)
+    assert torch.equal(direct, ops.linear_rows16(x, tiles, int(qtype), 96))
+    if module.cpu_has_int8(kernels.ISAS["avx512"]):
+        got = module.linear_int8_rows16(x, tiles, int(qtype), 96)
+        assert torch.equal(got, ops.linear_int8_rows16(x, tiles, int(qtype), 96))
+    with pytest.raises(RuntimeError, match="x must be CPU"):
+        module.linear_rows16(x[:, :64].contiguous(), tiles, int(qtype), 96)
+    f32 = torch.randn(3, 64, 16)  # float32 tiles of 40 rows (worker/layers/linear.py)
+    xf = torch.randn(3, 64)
+    assert torch.equal(module.linear_f32_rows16(xf, f32, 40), ops.linear_f32_rows16(xf, f32, 40))
+
+
 def test_layers_take_tiles_only_where_they_run(module) -> None:  # noqa: ANN001
     vnni = bool(module.cpu_has_int8(kernels.ISAS["avx512"]))
     avx512 = bool(module.cpu_has(kernels.ISAS["avx512"]))

@@ -59,7 +59,7 @@ def _cpu_backend(device: torch.device, strict: bool) -> AttentionBackend:
     if isinstance(kernel, str):
         problem = kernel
     if problem is None:
-        return CpuPagedAttention(kernel.paged_decode_shared)
+        return CpuPagedAttention(kernel.paged_decode_shared, write=kernel.write_kv)
     if strict:
         raise ValueError(f"attention backend cpu: {problem}")
     log.warning("attention backend auto: %s; using torch", problem)

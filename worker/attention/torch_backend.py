@@ -72,6 +72,18 @@ class TorchPlan:
 class TorchAttention(AttentionBackend):
     name = "torch"
 
+    @staticmethod
+    def write_kv(
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """A step's keys and values into their slots (`write_kv`; the CPU backend takes the
+        compiled copy)."""
+        write_kv(k, v, k_cache, v_cache, slot_mapping)
+
     def plan(self, meta: AttentionMetadata) -> TorchPlan:
         device = meta.slot_mapping.device
         prefills: list[PrefillSeq] = []
@@ -124,7 +136,7 @@ class TorchAttention(AttentionBackend):
         plan: TorchPlan,
         scale: float,
     ) -> torch.Tensor:
-        write_kv(k, v, k_cache, v_cache, plan.slot_mapping)  # every write before any read
+        self.write_kv(k, v, k_cache, v_cache, plan.slot_mapping)  # every write before any read
         decode = plan.decode
         if decode is not None and not plan.prefills:  # decode-only: every row, in order
             return self.attend_decode(q, k_cache, v_cache, decode, scale)

@@ -1,6 +1,6 @@
 // The decoder's elementwise steps as single passes: RMSNorm (with the residual add before it),
 // SiLU-and-mul, and the split of the packed qkv projection with RoPE applied to q and k; and
-// the greedy sampler's argmax.
+// the greedy sampler's argmax; and the KV cache write of a step's keys and values.
 //
 // In torch each of these is 3-10 ops, and at decode sizes (one to a few dozen rows of a few
 // hundred values) every op costs more in dispatch and allocation than in arithmetic: a batch-1
@@ -227,6 +227,45 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
     });
   });
   return out;
+}
+
+}  // namespace kvledger
+
+namespace kvledger {
+
+// k and v [T, Hkv, D] into their caches' slots (a cache viewed as [slots, Hkv, D]): row i to
+// slot slot_mapping[i], as two `index_copy_` calls do (tests/worker/test_paged_attention.py
+// compares them), in one call. A decode step writes one row a sequence in every layer, and
+// the two indexed copies through torch cost ~7 us each there, more than the bytes they move.
+void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+              const at::Tensor& v_cache, const at::Tensor& slot_mapping) {
+  TORCH_CHECK(k_cache.device().is_cpu() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.sizes() == v_cache.sizes() && k_cache.dim() >= 2 &&
+                  k_cache.scalar_type() == v_cache.scalar_type(),
+              "write_kv: the caches must be contiguous CPU tensors of one shape and dtype");
+  const int64_t heads = k_cache.size(-2), dim = k_cache.size(-1), row = heads * dim;
+  const int64_t slots = k_cache.numel() / row;
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.dim() == 1,
+              "write_kv: slot_mapping must be int64 [tokens]");
+  const int64_t tokens = slot_mapping.size(0);
+  for (const at::Tensor* t : {&k, &v})
+    TORCH_CHECK(t->scalar_type() == k_cache.scalar_type() && t->numel() == tokens * row,
+                "write_kv: k and v must be ", k_cache.scalar_type(), " [", tokens, ", ", heads,
+                ", ", dim, "]");
+  const at::Tensor kc = k.contiguous(), vc = v.contiguous(), sm = slot_mapping.contiguous();
+  const int64_t* slot = sm.data_ptr<int64_t>();
+  for (int64_t i = 0; i < tokens; ++i)
+    TORCH_CHECK(slot[i] >= 0 && slot[i] < slots, "write_kv: slot ", slot[i], " is outside the ",
+                slots, " slots of the cache");
+  const size_t bytes = static_cast<size_t>(row) * k_cache.element_size();
+  auto* kd = static_cast<char*>(k_cache.data_ptr());
+  auto* vd = static_cast<char*>(v_cache.data_ptr());
+  const auto* ks = static_cast<const char*>(kc.data_ptr());
+  const auto* vs = static_cast<const char*>(vc.data_ptr());
+  for (int64_t i = 0; i < tokens; ++i) {
+    std::memcpy(kd + slot[i] * bytes, ks + i * bytes, bytes);
+    std::memcpy(vd + slot[i] * bytes, vs + i * bytes, bytes);
+  }
 }
 
 }  // namespace kvledger

@@ -14,6 +14,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "packed qkv -> q, k rotated (rotate-half RoPE) and v, each contiguous");
   m.def("argmax_rows", &kvledger::argmax_rows,
         "each row's first largest value's index (finite rows)");
+  m.def("write_kv", &kvledger::write_kv,
+        "k and v rows into their KV caches' slots (as two index_copy_ calls, in one)");
   m.def("mask_logits", &kvledger::mask_logits,
         "logits[rows[i]] at -inf where bitmask[i] forbids the token, in place (portable: no "
         "AVX-512 path)");

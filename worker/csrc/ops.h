@@ -26,6 +26,8 @@ std::vector<at::Tensor> split_rope(const at::Tensor& qkv, const at::Tensor& cos,
                                    const at::Tensor& sin, int64_t num_heads,
                                    int64_t num_kv_heads, int64_t head_dim);
 at::Tensor argmax_rows(const at::Tensor& logits);
+void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+              const at::Tensor& v_cache, const at::Tensor& slot_mapping);
 
 // masks.cpp: structured outputs' packed token bitmasks applied to float32 logits, in place.
 void mask_logits(const at::Tensor& logits, const at::Tensor& rows, const at::Tensor& bitmask,

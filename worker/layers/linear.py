@@ -98,6 +98,10 @@ class CpuMatmul:
                 self.packed = None
         if both_layouts and weight.dtype == torch.float32 and tiles_run():
             self.tiles = f32_tiles(weight)
+            from worker.quant import kernels
+
+            # the kernel's own entry point: torch.ops' dispatch costs ~3 us a call more
+            self.kernels = kernels.require()
         if self.packed is None or (both_layouts and self.tiles is None):
             self.weight_t = weight.t().contiguous()
 
@@ -105,7 +109,7 @@ class CpuMatmul:
         flat = x.reshape(-1, x.shape[-1])
         rows = flat.shape[0]
         if self.tiles is not None and rows <= TILE_MAX_ROWS:
-            out = torch.ops.kvledger_quant.linear_f32_rows16(flat, self.tiles, self.out_features)
+            out = self.kernels.linear_f32_rows16(flat, self.tiles, self.out_features)
             out = out.view(*x.shape[:-1], self.out_features)
             return out if bias is None else out + bias
         if self.packed is not None and (rows > 1 or self.weight_t is None):

@@ -219,4 +219,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_int8_isa", &kvledger::quant::best_int8_isa, "the isa linear_int8 uses given 0");
   m.def("cpu_has_int8", [](int64_t isa) { return kvledger::quant::cpu_has(kvledger::quant::kInt8 + isa); },
         "whether this CPU runs linear_int8 with the given isa");
+  // the operators a decode step calls per layer, without torch.ops' dispatch (ops.h)
+  m.def("linear_rows16", &kvledger::quant::direct_linear_rows16, "as kvledger_quant::linear_rows16");
+  m.def("linear_int8_rows16", &kvledger::quant::direct_linear_int8_rows16,
+        "as kvledger_quant::linear_int8_rows16");
+  m.def("linear_f32_rows16", &kvledger::quant::direct_linear_f32_rows16,
+        "as kvledger_quant::linear_f32_rows16");
 }

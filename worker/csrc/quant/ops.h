@@ -15,6 +15,14 @@ constexpr int64_t kInt8 = 16;  // added to an isa: the int8-activation kernels' 
 // more than it saves (a 256x256 product at one row stays on the calling thread).
 constexpr int64_t kMinWorkPerTask = 1 << 16;
 
+// The decode path's operators as plain functions, for the module's own (pybind) entry points:
+// from Python, a call through `torch.ops` spends ~8 us in boxing and schema matching before
+// the kernel, one through pybind ~1 us, and a decode step makes a call per linear layer.
+// The same functions as the registered operators (rows16_ops.cpp, rows16_f32.cpp).
+at::Tensor direct_linear_rows16(const at::Tensor& x, const at::Tensor& tiles, int64_t type, int64_t in);
+at::Tensor direct_linear_int8_rows16(const at::Tensor& x, const at::Tensor& tiles, int64_t type, int64_t in);
+at::Tensor direct_linear_f32_rows16(const at::Tensor& x, const at::Tensor& tiles, int64_t out);
+
 // Whether this CPU runs `isa` (kInt8 + isa: the int8-activation path of that isa).
 bool cpu_has(int64_t isa);
 

@@ -113,6 +113,10 @@ at::Tensor linear_f32_rows16(const at::Tensor& x, const at::Tensor& tiles, int64
 
 }  // namespace
 
+at::Tensor direct_linear_f32_rows16(const at::Tensor& x, const at::Tensor& tiles, int64_t out) {
+  return linear_f32_rows16(x, tiles, out);
+}
+
 TORCH_LIBRARY_FRAGMENT(kvledger_quant, m) {
   m.def("linear_f32_rows16(Tensor x, Tensor tiles, int out_features) -> Tensor");
 }

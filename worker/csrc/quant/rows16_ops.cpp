@@ -218,6 +218,14 @@ at::Tensor dequantize_rows16(const at::Tensor& packed, int64_t type, int64_t in,
 
 }  // namespace
 
+at::Tensor direct_linear_rows16(const at::Tensor& x, const at::Tensor& tiles, int64_t type, int64_t in) {
+  return linear_rows16(x, tiles, type, in);
+}
+
+at::Tensor direct_linear_int8_rows16(const at::Tensor& x, const at::Tensor& tiles, int64_t type, int64_t in) {
+  return linear_int8_rows16(x, tiles, type, in);
+}
+
 TORCH_LIBRARY_FRAGMENT(kvledger_quant, m) {
   m.def("pack_rows16(Tensor blocks, int ggml_type, int in_features) -> Tensor");
   m.def("unpack_rows16(Tensor tiles, int ggml_type, int in_features) -> Tensor");
