@@ -7,9 +7,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from worker.layers.linear import CpuMatmul, release
+from worker.layers.module import Module
 
 
-class Embedding(nn.Module):
+class Embedding(Module):
     def __init__(self, num_embeddings: int, dim: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_embeddings, dim), requires_grad=False)
@@ -18,7 +19,7 @@ class Embedding(nn.Module):
         return F.embedding(ids, self.weight)
 
 
-class LMHead(nn.Module):
+class LMHead(Module):
     def __init__(self, dim: int, vocab_size: int, tied_to: Embedding | None = None) -> None:
         super().__init__()
         self.weight = (

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker.layers.module import Module
 from worker.layers.native_ops import UsesNative
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ def release(weight: nn.Parameter) -> None:
     weight.data = weight.data.new_empty(0)
 
 
-class Linear(nn.Module):
+class Linear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)

@@ -11,10 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker.layers.module import Module
 from worker.layers.native_ops import UsesNative
 
 
-class RMSNorm(nn.Module, UsesNative):
+class RMSNorm(Module, UsesNative):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
@@ -50,7 +51,7 @@ class RMSNorm(nn.Module, UsesNative):
         return self.weight * x.to(dtype)
 
 
-class LayerNorm(nn.Module):
+class LayerNorm(Module):
     """LayerNorm with weight and bias (BERT), computed in float32 like RMSNorm above."""
 
     def __init__(self, size: int, eps: float) -> None:

@@ -28,9 +28,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
 from worker.config import RopeConfig, UnsupportedModelError
+from worker.layers.module import Module
 
 
 def default_inv_freq(dim: int, theta: float) -> torch.Tensor:
@@ -148,7 +148,7 @@ def inv_freq_and_scale(dim: int, rope: RopeConfig) -> tuple[torch.Tensor, float]
     raise ValueError(f"unsupported RoPE type {rope.type!r}")
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(Module):
     """cos/sin tables for every position up to `max_positions`, looked up once per step."""
 
     def __init__(

@@ -18,10 +18,11 @@ from worker.config import EncoderConfig
 from worker.layers.activation import ACTIVATIONS
 from worker.layers.embedding import Embedding
 from worker.layers.linear import Linear, PackedLinear
+from worker.layers.module import Module
 from worker.layers.norm import LayerNorm
 
 
-class BertEmbeddings(nn.Module):
+class BertEmbeddings(Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.word_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size)
@@ -39,7 +40,7 @@ class BertEmbeddings(nn.Module):
         return self.LayerNorm(x)
 
 
-class BertSelfAttention(nn.Module):
+class BertSelfAttention(Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
@@ -56,7 +57,7 @@ class BertSelfAttention(nn.Module):
         return dense_attention(q, k, v, plan, self.scale).flatten(1)
 
 
-class BertResidualOut(nn.Module):
+class BertResidualOut(Module):
     """dense -> + residual -> LayerNorm (HF's BertSelfOutput and BertOutput)."""
 
     def __init__(self, cfg: EncoderConfig, in_features: int) -> None:
@@ -68,7 +69,7 @@ class BertResidualOut(nn.Module):
         return self.LayerNorm(self.dense(x) + residual)
 
 
-class BertAttention(nn.Module):
+class BertAttention(Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.self = BertSelfAttention(cfg)
@@ -78,7 +79,7 @@ class BertAttention(nn.Module):
         return self.output(self.self(x, plan), x)
 
 
-class BertIntermediate(nn.Module):
+class BertIntermediate(Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.dense = Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
@@ -88,7 +89,7 @@ class BertIntermediate(nn.Module):
         return self.act(self.dense(x))
 
 
-class BertLayer(nn.Module):
+class BertLayer(Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.attention = BertAttention(cfg)
@@ -100,13 +101,13 @@ class BertLayer(nn.Module):
         return self.output(self.intermediate(x), x)
 
 
-class BertEncoder(nn.Module):
+class BertEncoder(Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
 
 
-class BertModel(nn.Module):
+class BertModel(Module):
     packed_modules = {
         "query": ("qkv_proj", "q"),
         "key": ("qkv_proj", "k"),

@@ -24,6 +24,7 @@ from worker.attention.base import AttentionBackend
 from worker.attention.dense import DensePlan, dense_attention
 from worker.config import ModelConfig
 from worker.layers.activation import silu_and_mul
+from worker.layers.module import Module
 from worker.layers.native_ops import UsesNative
 from worker.layers.norm import RMSNorm
 from worker.layers.parallel import attention_layers, mlp_layers, vocab_layers
@@ -31,7 +32,7 @@ from worker.layers.rotary import RotaryEmbedding, apply_rotary
 from worker.parallel.distributed import TPGroup
 
 
-class LlamaAttention(nn.Module, UsesNative):
+class LlamaAttention(Module, UsesNative):
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend, tp: TPGroup) -> None:
         super().__init__()
         # this rank's heads (all of them in a single process)
@@ -68,7 +69,7 @@ class LlamaAttention(nn.Module, UsesNative):
         return self.o_proj(out.reshape(tokens, -1))
 
 
-class LlamaMLP(nn.Module, UsesNative):
+class LlamaMLP(Module, UsesNative):
     def __init__(self, cfg: ModelConfig, tp: TPGroup) -> None:
         super().__init__()
         self.gate_up_proj, self.down_proj = mlp_layers(cfg, tp)
@@ -79,7 +80,7 @@ class LlamaMLP(nn.Module, UsesNative):
         return self.down_proj(act)
 
 
-class LlamaDecoderLayer(nn.Module):
+class LlamaDecoderLayer(Module):
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend, tp: TPGroup) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -104,7 +105,7 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
-class LlamaModel(nn.Module):
+class LlamaModel(Module):
     def __init__(
         self,
         cfg: ModelConfig,
@@ -130,7 +131,7 @@ class LlamaModel(nn.Module):
         return self.norm(x) if residual is None else self.norm.add(x, residual)[0]
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(Module):
     # checkpoint module name -> (our packed module, shard)
     packed_modules = {
         "q_proj": ("qkv_proj", "q"),

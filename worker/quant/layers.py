@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from worker.layers.module import Module
 from worker.quant import kernels
 from worker.quant.formats import format_of
 
@@ -56,7 +57,7 @@ def _check_blocks(blocks: torch.Tensor, ggml_type: int, in_features: int) -> Non
         )
 
 
-class QuantizedLinear(nn.Module):
+class QuantizedLinear(Module):
     """y = x @ W.T (+ bias) with W kept as `ggml_type` blocks (Q8_0, Q4_0 or Q4_1).
 
     `shard_sizes` (optional) names consecutive row ranges, as `PackedLinear`'s (q/k/v,
@@ -143,7 +144,7 @@ class QuantizedLinear(nn.Module):
         )
 
 
-class QuantizedEmbedding(nn.Module):
+class QuantizedEmbedding(Module):
     """Token embedding over `ggml_type` blocks [vocab, bytes_per_row]: each lookup dequantizes
     only the rows asked for (exactly, as `gguf.quants.dequantize` does), in `dtype`. Once a
     tied head takes the blocks as rows16 tiles, the lookups read the tiles."""

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from worker.config import UnsupportedModelError
+from worker.layers.module import Module
 
 POOLING_MODES = ("mean", "cls", "last")
 # sentence-transformers' Pooling config flags -> our modes
@@ -126,7 +127,7 @@ class PoolingConfig:
         return cls(mode, normalize, tuple(dense))
 
 
-class DenseHead(nn.Module):
+class DenseHead(Module):
     """sentence-transformers' Dense: `activation(linear(x))`, plus the input (projected when
     the sizes differ) with `use_residual`. Parameter names are those of its checkpoint."""
 
