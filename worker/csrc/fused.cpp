@@ -229,13 +229,9 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
   return out;
 }
 
-}  // namespace kvledger
-
-namespace kvledger {
-
 // k and v [T, Hkv, D] into their caches' slots (a cache viewed as [slots, Hkv, D]): row i to
-// slot slot_mapping[i], as two `index_copy_` calls do (tests/worker/test_paged_attention.py
-// compares them), in one call. A decode step writes one row a sequence in every layer, and
+// slot slot_mapping[i], as two `index_copy_` calls do (tests/worker/test_fused_ops.py compares
+// them), in one call. A decode step writes one row a sequence in every layer, and
 // the two indexed copies through torch cost ~7 us each there, more than the bytes they move.
 void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
               const at::Tensor& v_cache, const at::Tensor& slot_mapping) {
