@@ -148,7 +148,7 @@ def test_a_row_does_not_depend_on_its_batch(module, acts, qtype) -> None:  # noq
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_the_layers_entry_points_are_the_registered_operators(module, qtype) -> None:  # noqa: ANN001
     """The layers call the module's pybind entry points (no torch.ops dispatch): the same
-    functions as the registered operators, bit for bit, refusing the same bad input."""
+    functions as the registered operators, bit for bit, with the same checks on their input."""
     avx512_or_skip(module)
     blocks, _ = quantized(48, 96, qtype, seed=11)
     tiles = ops.pack_rows16(blocks, int(qtype), 96)
