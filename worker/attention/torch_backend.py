@@ -69,20 +69,23 @@ class TorchPlan:
     decode: Any  # DecodeGroup here; each backend's own group (see decode_group)
 
 
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    heads, dim = k_cache.shape[-2:]
+    k_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, v)
+
+
 class TorchAttention(AttentionBackend):
     name = "torch"
 
-    @staticmethod
-    def write_kv(
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        """A step's keys and values into their slots (`write_kv`; the CPU backend takes the
-        compiled copy)."""
-        write_kv(k, v, k_cache, v_cache, slot_mapping)
+    # a step's keys and values into their slots (the CPU backend takes the compiled copy)
+    write_kv = staticmethod(write_kv)
 
     def plan(self, meta: AttentionMetadata) -> TorchPlan:
         device = meta.slot_mapping.device
@@ -147,18 +150,6 @@ class TorchAttention(AttentionBackend):
             rows = decode.token_idx
             out[rows] = self.attend_decode(q[rows], k_cache, v_cache, decode, scale)
         return out
-
-
-def write_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
-    heads, dim = k_cache.shape[-2:]
-    k_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, v)
 
 
 def _attend_prefill(
