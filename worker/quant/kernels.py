@@ -36,6 +36,7 @@ SOURCES = [
         "int8_vnni.cpp",
         "rows16.cpp",
         "rows16_vnni.cpp",
+        "rows16_vnni_q8.cpp",
         "rows16_avx512.cpp",
         "rows16_f32.cpp",
         "screen.cpp",
@@ -78,8 +79,8 @@ def require() -> ModuleType:
     return module
 
 
-# Q4_0, Q4_1, Q8_0 (worker/csrc/quant/rows16.h; with int8 activations Q8_0 tiles take the
-# exact kernel on the int8 activations dequantized)
+# Q4_0, Q4_1, Q8_0 (worker/csrc/quant/rows16.h; with int8 activations Q8_0 tiles need
+# AVX512-VBMI for their VNNI kernel, else take the exact kernel on the activations dequantized)
 ROWS16_TYPES = (2, 3, 8)
 
 

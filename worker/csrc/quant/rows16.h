@@ -27,10 +27,9 @@ namespace kvledger::quant {
 
 constexpr int kGroupRows = 16;
 
-// The types the layout holds (the exact kernel runs all three), and the VNNI kernel's (int8
-// activations on Q8_0 tiles go through the exact kernel, dequantized: rows16_ops.cpp).
+// The types the layout holds (every kernel runs all three; int8 activations on Q8_0 tiles need
+// AVX512-VBMI beside VNNI, else they go through the exact kernel dequantized: rows16_ops.cpp).
 static inline bool rows16_type(int type) { return type == kQ4_0 || type == kQ4_1 || type == kQ8_0; }
-static inline bool rows16_int8_type(int type) { return type == kQ4_0 || type == kQ4_1; }
 
 // Bytes of one tile (16 rows x one block), and where its quants start.
 static inline int64_t rows16_tile_bytes(int type) { return kGroupRows * block_bytes(type); }
@@ -45,6 +44,7 @@ struct Rows16Args {
   int64_t rows;
   float* y;  // row r's output o at y[r * ldy + o]
   int64_t ldy;
+  const int32_t* qsum = nullptr;  // Q8_0: each activation block's sum of quants (rows16_vnni_q8.cpp)
 };
 
 // y = dequantize(W) x over float activations (the exact path), rows [0, rows), groups
@@ -93,6 +93,7 @@ void rows16_unpack(const uint8_t* src, int type, int64_t out, int64_t in, uint8_
 void rows16_unpack_row(const uint8_t* src, int type, int64_t in, int64_t o, uint8_t* gguf_row);
 
 void rows16_vnni512(const Rows16Args& a, int64_t g_begin, int64_t g_end);
+void rows16_vnni512_q8(const Rows16Args& a, int64_t g_begin, int64_t g_end);  // needs VBMI too
 void rows16_avx512(const Rows16FloatArgs& a, int64_t g_begin, int64_t g_end);
 // The transposed float32 weight of groups [g_begin, g_end): wt[k * ldw + 16 (g - g_begin) + j]
 // is row 16 g + j's value k, dequantized (AVX-512F; the exact path's prefill multiplies by it

@@ -8,8 +8,7 @@
 //   kvledger_quant::dequantize_rows16(tiles, ggml_type, in_features, ids) -> float32 rows
 //
 // with the same contracts as linear.cpp's `linear`, `linear_int8` and `dequantize` over GGUF
-// rows. Q4_0 and Q4_1 run both kernels; Q8_0 the exact one, with int8 activations dequantized
-// for it.
+// rows. All three types run both kernels (Q8_0's int8 one where the CPU has AVX512-VBMI).
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -55,10 +54,21 @@ at::Tensor unpack_rows16(const at::Tensor& packed, int64_t type, int64_t in) {
   return out;
 }
 
+// Whether this CPU runs the VNNI kernel on Q8_0 tiles (rows16_vnni_q8.cpp): VBMI as well.
+bool q8_vnni_runs() {
+#if defined(__x86_64__)
+  static const bool runs = cpu_has(kInt8 + kAvx512) && __builtin_cpu_supports("avx512vbmi");
+  return runs;
+#else
+  return false;
+#endif
+}
+
 // linear_int8 over rows16 tiles: the same quantized activations and terms, every row count
-// through one kernel (Q4: the VNNI kernel, whose unpacking of a tile serves up to 4 activation
-// rows; at 512 rows it was ~3x faster than linear_int8's float fallback; Q8_0: the exact
-// kernel on the activations dequantized). AVX-512 VNNI only.
+// through one kernel, whose unpacking of a tile serves up to 4 activation rows (Q4: at 512
+// rows it was ~3x faster than linear_int8's float fallback). Q8_0 tiles (a tied head's) on a
+// CPU without VBMI: the activations dequantized through the exact kernel, as linear_int8 does
+// from 4 rows, equal to the integer sums up to rounding. AVX-512 VNNI only.
 at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t in) {
   check_rows16(packed, type, in);
   TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
@@ -71,23 +81,30 @@ at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int
   at::Tensor y = at::empty(shape, xf.options());
   if (rows == 0 || out == 0) return y.to(x.scalar_type());
 #if defined(__x86_64__)
-  if (!rows16_int8_type(static_cast<int>(type))) {
-    // Q8_0 tiles (a tied head's): the same quantized activations, dequantized, through the
-    // exact kernel, as linear_int8 does from 4 rows; equal to the integer sums up to rounding
-    const Int8Acts acts = quantized(xf, rows, in, kAvx512, false);
+  const Int8Acts acts = quantized(xf, rows, in, kAvx512, false);
+  const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows * kGroupRows));
+  if (type == kQ8_0 && !q8_vnni_runs()) {
     thread_local std::vector<float> xdq;
     xdq.resize(rows * in);
     for (int64_t i = 0; i < rows * in; ++i) xdq[i] = static_cast<float>(acts.q[i]) * acts.d[i / kBlock];
     const Rows16FloatArgs args{static_cast<int>(type), packed.data_ptr<uint8_t>(), in, xdq.data(),
                                in, rows, y.data_ptr<float>(), out};
-    const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows * kGroupRows));
     at::parallel_for(0, groups, grain, [&](int64_t b, int64_t e) { rows16_avx512(args, b, e); });
     return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
   }
-  const Rows16Args args{static_cast<int>(type), packed.data_ptr<uint8_t>(), in,
-                        quantized(xf, rows, in, kAvx512, false), rows, y.data_ptr<float>(), out};
-  const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows * kGroupRows));
-  at::parallel_for(0, groups, grain, [&](int64_t b, int64_t e) { rows16_vnni512(args, b, e); });
+  thread_local std::vector<int32_t> qsum;
+  if (type == kQ8_0) {
+    qsum.resize(rows * in / kBlock);
+    for (int64_t i = 0; i < rows * in / kBlock; ++i) {
+      int32_t sum = 0;
+      for (int k = 0; k < kBlock; ++k) sum += acts.q[i * kBlock + k];
+      qsum[i] = sum;
+    }
+  }
+  const Rows16Args args{static_cast<int>(type), packed.data_ptr<uint8_t>(), in, acts, rows,
+                        y.data_ptr<float>(), out, qsum.data()};
+  auto kernel = type == kQ8_0 ? &rows16_vnni512_q8 : &rows16_vnni512;
+  at::parallel_for(0, groups, grain, [&](int64_t b, int64_t e) { kernel(args, b, e); });
 #endif
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
