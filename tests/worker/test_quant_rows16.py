@@ -5,8 +5,9 @@ dequantize to the very weight it was given. The exact kernel must equal the floa
 of the dequantized weight up to float32 rounding, as the per-row kernels do; the int8 kernel
 must compute the int8 rule (tests/worker/test_quant_int8.py) within its bound; both at every
 row count (int8 activations on Q8_0 tiles run their own VNNI kernel where the CPU has
-AVX512-VBMI, else the exact kernel on the int8 activations dequantized). A layer takes the tiles only where the CPU runs its kernel; an embedding whose
-tied head takes them reads its rows from the same tiles.
+AVX512-VBMI, else the exact kernel on the int8 activations dequantized). A layer takes the
+tiles only where the CPU runs its kernel; an embedding whose tied head takes them reads its
+rows from the same tiles.
 """
 
 from __future__ import annotations
