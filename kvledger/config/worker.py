@@ -87,10 +87,12 @@ class WorkerSettings(
     )
     screened_greedy_head: bool = option(
         True,
-        "on CPU, find a greedy row's token in a small float32 model's LM head by screening "
-        "every logit in bfloat16 and computing only the candidates in float32: the same token "
-        "as the full float32 head, ties included (CPUs with AVX512-BF16; a bfloat16 copy of "
-        "the head, half its size); --no-screened-greedy-head computes every logit",
+        "on CPU, find a greedy row's token by screening every logit approximately and "
+        "computing only the candidates exactly: the same token as the full head, ties "
+        "included (a small float32 model's head in bfloat16, on CPUs with AVX512-BF16, with a "
+        "bfloat16 copy half its size; a GGUF's Q8_0 head on the exact path with int8 "
+        "activations, from 4 rows, on CPUs with AVX-512 VNNI and VBMI, no copy); "
+        "--no-screened-greedy-head computes every logit",
     )
     quantization: str = option(
         "auto",

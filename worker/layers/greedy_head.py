@@ -145,14 +145,20 @@ class ScreenedArgmax:
         return cols[best].tolist()
 
 
-def screen_for(head: object, vocab_size: int, wanted: bool) -> ScreenedArgmax | None:
+def screen_for(head: object, vocab_size: int, wanted: bool) -> object | None:
     """The screen of a model's LM head (`model.lm_head` after `prepare_for_device`) when it is
-    wanted (--screened-greedy-head) and the head keeps float32 tiles (a small float32 model on
-    an AVX-512 CPU, one rank; tensor-parallel and quantized heads keep none), else None."""
+    wanted (--screened-greedy-head): a head that keeps float32 tiles (a small float32 model on
+    an AVX-512 CPU, one rank) gets this module's bfloat16 screen, a Q8_0 head on tiles (the
+    exact path's) the int8 one (worker/layers/int8_screen.py); else None (tensor-parallel
+    heads, other types)."""
+    if not wanted or getattr(head, "group", None) is not None:
+        return None
     matmul = getattr(head, "cpu_matmul", None)
     tiles = getattr(matmul, "tiles", None)
-    if not wanted or tiles is None or getattr(head, "group", None) is not None:
-        return None
+    if tiles is None:
+        from worker.layers.int8_screen import Int8ScreenedArgmax
+
+        return Int8ScreenedArgmax.for_head(head, vocab_size) if hasattr(head, "ggml_type") else None
     from worker.layers.linear import TILE_MAX_ROWS
 
     return ScreenedArgmax.for_head(tiles, vocab_size, TILE_MAX_ROWS)

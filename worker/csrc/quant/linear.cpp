@@ -219,6 +219,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_int8_isa", &kvledger::quant::best_int8_isa, "the isa linear_int8 uses given 0");
   m.def("cpu_has_int8", [](int64_t isa) { return kvledger::quant::cpu_has(kvledger::quant::kInt8 + isa); },
         "whether this CPU runs linear_int8 with the given isa");
+  m.def("q8_vnni_runs", &kvledger::quant::q8_vnni_runs,
+        "whether int8 activations on Q8_0 tiles run their VNNI kernel (AVX512-VBMI too)");
   // the operators a decode step calls per layer, without torch.ops' dispatch (ops.h)
   m.def("linear_rows16", &kvledger::quant::direct_linear_rows16, "as kvledger_quant::linear_rows16");
   m.def("linear_int8_rows16", &kvledger::quant::direct_linear_int8_rows16,

@@ -26,6 +26,8 @@ at::Tensor direct_linear_f32_rows16(const at::Tensor& x, const at::Tensor& tiles
 
 // Whether this CPU runs `isa` (kInt8 + isa: the int8-activation path of that isa).
 bool cpu_has(int64_t isa);
+// Whether int8 activations on Q8_0 tiles run their VNNI kernel here (AVX512-VBMI as well).
+bool q8_vnni_runs();
 
 // blocks: a contiguous CPU uint8 [out, in / 32 * block bytes] of a known type, or an error.
 void check_blocks(const at::Tensor& blocks, int64_t type, int64_t in);

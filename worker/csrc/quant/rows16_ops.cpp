@@ -54,16 +54,6 @@ at::Tensor unpack_rows16(const at::Tensor& packed, int64_t type, int64_t in) {
   return out;
 }
 
-// Whether this CPU runs the VNNI kernel on Q8_0 tiles (rows16_vnni_q8.cpp): VBMI as well.
-bool q8_vnni_runs() {
-#if defined(__x86_64__)
-  static const bool runs = cpu_has(kInt8 + kAvx512) && __builtin_cpu_supports("avx512vbmi");
-  return runs;
-#else
-  return false;
-#endif
-}
-
 // linear_int8 over rows16 tiles: the same quantized activations and terms, every row count
 // through one kernel, whose unpacking of a tile serves up to 4 activation rows (Q4: at 512
 // rows it was ~3x faster than linear_int8's float fallback). Q8_0 tiles (a tied head's) on a
@@ -234,6 +224,16 @@ at::Tensor dequantize_rows16(const at::Tensor& packed, int64_t type, int64_t in,
 }
 
 }  // namespace
+
+// Whether this CPU runs the VNNI kernel on Q8_0 tiles (rows16_vnni_q8.cpp): VBMI as well.
+bool q8_vnni_runs() {
+#if defined(__x86_64__)
+  static const bool runs = cpu_has(kInt8 + kAvx512) && __builtin_cpu_supports("avx512vbmi");
+  return runs;
+#else
+  return false;
+#endif
+}
 
 at::Tensor direct_linear_rows16(const at::Tensor& x, const at::Tensor& tiles, int64_t type, int64_t in) {
   return linear_rows16(x, tiles, type, in);

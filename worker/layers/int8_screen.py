@@ -1,0 +1,143 @@
+"""Greedy tokens from a Q8_0 LM head (sixteen-row tiles) without every logit of the exact path.
+
+The exact path's head multiplies float32 rows by the dequantized Q8_0 weight, one FMA per
+weight and row: at 16 rows SmolLM2's tied 49152 x 576 head is ~14% of a decode step. A greedy
+row needs only the index of its largest logit, so `Int8ScreenedArgmax` finds it in two passes,
+as `worker.layers.greedy_head.ScreenedArgmax` does for a float32 head:
+
+1. Screen: every logit approximately, through the int8-activation kernel on the same tiles
+   (`linear_int8_rows16`: one `vpdpbusd` holds 64 of the products; worker/csrc/quant/
+   rows16_vnni_q8.cpp). Each approximate logit `a_j` is within `e_j = B |w_j|` of the exact
+   path's logit `l_j` (below), so only a token with `a_j + e_j >= max_i (a_i - e_i)` can hold
+   a row's largest exact logit.
+2. Decide: the sixteen-token groups holding such a candidate for any row, through the exact
+   kernel on the same rows (`linear_rows16` on those tiles): the very sums the full head
+   computes (a group's sums depend neither on the other groups nor, below the GEMM path's 128
+   rows, on the batch). A row's token is the first index of the largest of them, so this is
+   `argmax` over the full logits, ties included.
+
+The bound. The kernel quantizes each block of 32 activations with d = max|x| / 127 and
+round-to-nearest quants, so each activation moves by at most d / 2 (plus the float32
+roundings of 127 / max|x|, x times it and d: under 2^-14 of d / 2, which the factor
+1 + 2^-10 below covers); with e the row's moves,
+`|sum_k w_jk e_k| <= |w_j| |e|` (Cauchy-Schwarz), and |e| <= sqrt(sum over blocks of 32
+(d / 2)^2). The int8 sums are exact; their scaling and the float32 sum over nb blocks cost at
+most (nb + 2) u of sum |w x^| <= |w_j| (|x| + |e|), and the exact head's own float32 sum at
+most K u |w_j| |x| (u = 2^-24, K the hidden size). So
+    B = ((1 + 2^-10) |e|max + (nb + 2) u (|x| + |e|max) + K u |x|) (1 + 2^-10)
+with the norms in float64, and B |w_j| taken in float32 from both rounded up; an absolute
+slack covers subnormal products. On SmolLM2's chats a
+row keeps a median of 2 candidate tokens (at most 23 of 244 rows), 30-60 of the 3072 groups
+for 16 rows. Fewer rows than MIN_ROWS, a non-finite row, a logit that could overflow, or too
+many candidates: the caller computes the full logits (`None`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from worker.layers.greedy_head import GROUP_ROWS, MAX_CANDIDATE_GROUP_SHARE, OVERFLOW_GUARD
+
+log = logging.getLogger(__name__)
+
+Q8_0 = 8  # ggml's type number
+# Below this many rows the int8 head saves little (one row streams the same 29 MB either way,
+# 0.53 against 0.64 ms in cache on SmolLM2's head) and the decision pass costs more.
+MIN_ROWS = 4
+MAX_ROWS = 127  # the exact head's tile kernel below the GEMM path (rows16_ops.cpp, kGemmRows)
+U = 2.0**-24
+QUANT_SLACK = 1 + 2.0**-10  # float32 roundings of d and x / d in the kernel's quantization
+BOUND_SLACK = 1 + 2.0**-10  # the norms' and the bound's own rounding
+ROUND_UP = 1 + 2.0**-20  # a float64 -> float32 conversion, rounded up
+
+
+class Int8ScreenedArgmax:
+    """The greedy token of each row of `x @ W^T` for a Q8_0 head held as rows16 tiles
+    [V / 16, nb * 544] (`QuantizedLinear` with `rows16`); see the module docstring."""
+
+    def __init__(self, tiles: torch.Tensor, in_features: int, vocab_size: int, kernels) -> None:  # noqa: ANN001
+        self.tiles = tiles
+        self.in_features = in_features
+        self.vocab_size = vocab_size
+        self.kernels = kernels
+        groups = tiles.shape[0]
+        if not (groups - 1) * GROUP_ROWS < vocab_size <= groups * GROUP_ROWS:
+            raise ValueError(f"{groups} tile groups do not hold {vocab_size} rows")
+        # |w_j| of every row, padding included, a slice of groups at a time in float64
+        norms, largest = [], 0.0
+        for start in range(0, groups, 256):
+            stop = min(start + 256, groups)
+            w = torch.ops.kvledger_quant.dequantize_rows16(
+                tiles, Q8_0, in_features, torch.arange(start * GROUP_ROWS, stop * GROUP_ROWS)
+            )
+            norms.append(w.double().norm(dim=1))
+            largest = max(largest, float(w.abs().max()))
+        self.norms = (torch.cat(norms) * ROUND_UP).float()
+        self.slack = (in_features * largest + 1.0) * 2.0**-120  # subnormal products
+        self.max_norm = float(self.norms.max())
+        self.max_groups = max(1, int(groups * MAX_CANDIDATE_GROUP_SHARE))
+        self.screened_rows = 0  # rows decided by the screen (the tests check that it ran)
+
+    def row_bounds(self, x: torch.Tensor) -> torch.Tensor | None:
+        """B of each row (float64 [R]), or None where a logit could overflow or x is not finite."""
+        xd = x.double()
+        x_norm = xd.norm(dim=1)
+        top = float(x_norm.max())
+        if not (top < OVERFLOW_GUARD and top * self.max_norm < OVERFLOW_GUARD):
+            return None  # NaN and inf fail too
+        d = xd.view(x.shape[0], -1, 32).abs().amax(dim=2) / 127.0
+        e_max = (d.square().sum(dim=1) * 8.0).sqrt() * QUANT_SLACK  # sqrt(sum 32 (d / 2)^2)
+        nb = self.in_features // 32
+        rounding = (nb + 2) * U * (x_norm + e_max) + self.in_features * U * x_norm
+        return (e_max + rounding) * BOUND_SLACK
+
+    def __call__(self, x: torch.Tensor) -> list[int] | None:
+        """x [R, K] float32 -> each row's greedy token, or None: compute the full logits."""
+        rows = x.shape[0]
+        if not MIN_ROWS <= rows <= MAX_ROWS or x.dtype != torch.float32:
+            return None
+        x = x.contiguous()
+        bounds = self.row_bounds(x)
+        if bounds is None:
+            return None
+        approx = self.kernels.linear_int8_rows16(x, self.tiles, Q8_0, self.in_features)
+        err = (bounds * ROUND_UP).float()[:, None] * self.norms[None, :] + self.slack
+        approx[:, self.vocab_size :] = float("-inf")  # padding rows are no tokens
+        floor = (approx - err).amax(dim=1, keepdim=True)
+        candidate = (approx + err >= floor).view(rows, -1, GROUP_ROWS).any(dim=2).any(dim=0)
+        groups = candidate.nonzero().flatten()
+        if not 0 < groups.numel() <= self.max_groups:
+            return None
+        exact = self.kernels.linear_rows16(
+            x, self.tiles.index_select(0, groups), Q8_0, self.in_features
+        )
+        cols = (groups.unsqueeze(1) * GROUP_ROWS + torch.arange(GROUP_ROWS)).flatten()
+        scores = exact.masked_fill(cols >= self.vocab_size, float("-inf"))
+        best = scores.argmax(dim=1)  # the first largest: `cols` ascend
+        if not bool(torch.isfinite(scores.gather(1, best.unsqueeze(1))).all()):
+            return None
+        self.screened_rows += rows
+        return cols[best].tolist()
+
+    @classmethod
+    def for_head(cls, head: object, vocab_size: int) -> Int8ScreenedArgmax | None:
+        """The screen of a quantized head (`QuantizedLinear`), or None (saying why) where it
+        cannot run: Q8_0 tiles with float activations (the exact path; `gguf-int8` computes
+        its int8 logits in full already) on a CPU whose int8 kernel runs Q8_0 tiles."""
+        from worker.quant import kernels
+
+        why = None
+        if getattr(head, "ggml_type", None) != Q8_0 or not getattr(head, "rows16", False):
+            why = "the LM head is not Q8_0 tiles"
+        elif head.activations != "float" or head.bias is not None:
+            why = "the LM head is not the exact path's"
+        elif not kernels.require().q8_vnni_runs():
+            why = "this CPU has no AVX-512 VNNI with VBMI"
+        elif head.in_features % 32:
+            why = "the hidden size is not whole blocks"
+        if why is not None:
+            log.info("int8 screen of the Q8_0 LM head off: %s", why)
+            return None
+        return cls(head.blocks, head.in_features, vocab_size, kernels.require())
