@@ -111,18 +111,38 @@ def test_near_ties_are_decided_by_the_exact_sums(screens: None) -> None:
 
 
 def test_what_it_cannot_bound_goes_to_the_full_logits(screens: None) -> None:
-    head = head_of(np.random.default_rng(4).standard_normal((512, 64)) * 0.05)
+    w = np.random.default_rng(4).standard_normal((512, 64)) * 0.05
+    head = head_of(w)
     screen = screen_of(head)
-    x = torch.randn(8, 64)
+    x = torch.from_numpy(w[:8].astype(np.float32)) * 20  # each row near one token's
     assert screen(x[:3]) is None  # below MIN_ROWS: the exact head costs no more
     bad = x.clone()
     bad[2, 7] = float("nan")
     assert screen(bad) is None
     bad[2, 7] = float("inf")
     assert screen(bad) is None
-    same = head_of(np.ones((512, 64)))  # every logit tied: every group a candidate
-    assert screen_of(same)(x) is None
     assert screen.screened_rows == 0
+    assert screen(x) is not None and screen.screened_rows == 8  # the refusals left no state
+
+
+def test_too_many_candidates_back_off(screens: None) -> None:
+    """Flat logits (rows of zeros: every logit 0) make every group a candidate: the screen
+    refuses, then stays off for 1, 2, 4 ... steps, and a step it decides resets it."""
+    w = np.random.default_rng(6).standard_normal((512, 64)) * 0.1
+    head = head_of(w)
+    screen = screen_of(head)
+    flat = torch.zeros(4, 64)
+    skipped = []
+    for _ in range(12):
+        before = screen.refusals
+        assert screen(flat) is None
+        skipped.append(screen.refusals == before)
+    # refusal, skip 1, refusal, skip 2, refusal, skip 4, refusal, ...
+    assert skipped == [False, True, False, True, True, False, True, True, True, True, False, True]
+    assert screen.refusals == 4 and screen.skip == 7
+    screen.skip = 0
+    near = torch.from_numpy(w[:4].astype(np.float32)) * 10
+    assert screen(near) == full_argmax(head, near, 512) and screen.refusals == 0
 
 
 def test_a_head_it_cannot_screen_gets_none(screens: None) -> None:

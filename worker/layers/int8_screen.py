@@ -29,7 +29,9 @@ with the norms in float64, and B |w_j| taken in float32 from both rounded up; an
 slack covers subnormal products. On SmolLM2's chats a
 row keeps a median of 2 candidate tokens (at most 23 of 244 rows), 30-60 of the 3072 groups
 for 16 rows. Fewer rows than MIN_ROWS, a non-finite row, a logit that could overflow, or too
-many candidates: the caller computes the full logits (`None`).
+many candidates: the caller computes the full logits (`None`); after too many candidates the
+screen stays off for a number of steps that doubles with each refusal in a row (up to 64), as
+on a random model's flat logits it would cost ~half the full head for nothing.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ U = 2.0**-24
 QUANT_SLACK = 1 + 2.0**-10  # float32 roundings of d and x / d in the kernel's quantization
 BOUND_SLACK = 1 + 2.0**-10  # the norms' and the bound's own rounding
 ROUND_UP = 1 + 2.0**-20  # a float64 -> float32 conversion, rounded up
+MAX_BACK_OFF = 64  # steps
 
 
 class Int8ScreenedArgmax:
@@ -79,6 +82,14 @@ class Int8ScreenedArgmax:
         self.max_norm = float(self.norms.max())
         self.max_groups = max(1, int(groups * MAX_CANDIDATE_GROUP_SHARE))
         self.screened_rows = 0  # rows decided by the screen (the tests check that it ran)
+        self.refusals = 0  # consecutive steps with too many candidates
+        self.skip = 0  # steps still to compute in full before screening again
+
+    def back_off(self) -> None:
+        """Too many candidates (flat logits, as a random model's): the screen cost ~half the
+        full head for nothing, so the next 1, 2, 4 ... 64 steps compute every logit."""
+        self.refusals += 1
+        self.skip = min(1 << (self.refusals - 1), MAX_BACK_OFF)
 
     def row_bounds(self, x: torch.Tensor) -> torch.Tensor | None:
         """B of each row (float64 [R]), or None where a logit could overflow or x is not finite."""
@@ -98,18 +109,25 @@ class Int8ScreenedArgmax:
         rows = x.shape[0]
         if not MIN_ROWS <= rows <= MAX_ROWS or x.dtype != torch.float32:
             return None
+        if self.skip > 0:  # backing off after refusals (`back_off`)
+            self.skip -= 1
+            return None
         x = x.contiguous()
         bounds = self.row_bounds(x)
         if bounds is None:
             return None
         approx = self.kernels.linear_int8_rows16(x, self.tiles, Q8_0, self.in_features)
         err = (bounds * ROUND_UP).float()[:, None] * self.norms[None, :] + self.slack
-        approx[:, self.vocab_size :] = float("-inf")  # padding rows are no tokens
+        if self.vocab_size < approx.shape[1]:
+            approx[:, self.vocab_size :] = float("-inf")  # padding rows are no tokens
         floor = (approx - err).amax(dim=1, keepdim=True)
-        candidate = (approx + err >= floor).view(rows, -1, GROUP_ROWS).any(dim=2).any(dim=0)
-        groups = candidate.nonzero().flatten()
+        # a group holds a candidate when some row's a + e reaches that row's floor
+        reach = (approx + err - floor).amax(dim=0).view(-1, GROUP_ROWS).amax(dim=1)
+        groups = (reach >= 0).nonzero().flatten()
         if not 0 < groups.numel() <= self.max_groups:
+            self.back_off()
             return None
+        self.skip, self.refusals = 0, 0
         exact = self.kernels.linear_rows16(
             x, self.tiles.index_select(0, groups), Q8_0, self.in_features
         )
