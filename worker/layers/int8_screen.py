@@ -19,19 +19,19 @@ as `worker.layers.greedy_head.ScreenedArgmax` does for a float32 head:
 The bound. The kernel quantizes each block of 32 activations with d = max|x| / 127 and
 round-to-nearest quants, so each activation moves by at most d / 2 (plus the float32
 roundings of 127 / max|x|, x times it and d: under 2^-14 of d / 2, which the factor
-1 + 2^-10 below covers); with e the row's moves,
-`|sum_k w_jk e_k| <= |w_j| |e|` (Cauchy-Schwarz), and |e| <= sqrt(sum over blocks of 32
-(d / 2)^2). The int8 sums are exact; their scaling and the float32 sum over nb blocks cost at
-most (nb + 2) u of sum |w x^| <= |w_j| (|x| + |e|), and the exact head's own float32 sum at
-most K u |w_j| |x| (u = 2^-24, K the hidden size). So
+1 + 2^-10 below covers); with e the row's moves, `|sum_k w_jk e_k| <= |w_j| |e|`
+(Cauchy-Schwarz), and |e| <= sqrt(sum over blocks of 32 (d / 2)^2). The int8 sums are
+exact; their scaling and the float32 sum over nb blocks cost at most (nb + 2) u of
+sum |w x^| <= |w_j| (|x| + |e|), and the exact head's own float32 sum at most K u |w_j| |x|
+(u = 2^-24, K the hidden size). So
     B = ((1 + 2^-10) |e|max + (nb + 2) u (|x| + |e|max) + K u |x|) (1 + 2^-10)
 with the norms in float64, and B |w_j| taken in float32 from both rounded up; an absolute
-slack covers subnormal products. On SmolLM2's chats a
-row keeps a median of 2 candidate tokens (at most 23 of 244 rows), 30-60 of the 3072 groups
-for 16 rows. Fewer rows than MIN_ROWS, a non-finite row, a logit that could overflow, or too
-many candidates: the caller computes the full logits (`None`); after too many candidates the
-screen stays off for a number of steps that doubles with each refusal in a row (up to 64), as
-on a random model's flat logits it would cost ~half the full head for nothing.
+slack covers subnormal products. On SmolLM2's chats a row keeps a median of 2 candidate
+tokens (at most 23 of 244 rows), 30-60 of the 3072 groups for 16 rows. Fewer rows than
+MIN_ROWS, a non-finite row, a logit that could overflow, or too many candidates: the caller
+computes the full logits (`None`); after too many candidates the screen stays off for a
+number of steps that doubles with each refusal in a row (up to 64), as on a random model's
+flat logits it would cost ~half the full head for nothing.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 // quants, `Rows16Args::qsum`), and the accumulator starts at minus that, so the integer dot is
 // exact and the block adds, as the per-row kernels' Q8_0 term (blocks.h, `Int8Args`):
 //   y += dw * (d * dot)
-// A tile's eight permutations serve up to four activation rows; per row and block the 1024
+// A tile's eight permutations serve up to four activation rows; per row and block the 512
 // products are 8 vpdpbusd, where the exact kernel spends 32 FMAs. A separate file for its
 // own target: VBMI is not implied by VNNI (Cascade Lake has one without the other), so
 // rows16_ops.cpp calls it only where the CPU reports both.
