@@ -35,9 +35,13 @@ take: the caller computes the full logits instead (`None`).
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from worker.layers.int8_screen import Int8ScreenedArgmax
 
 log = logging.getLogger(__name__)
 
@@ -136,16 +140,27 @@ class ScreenedArgmax:
         exact = torch.ops.kvledger_quant.linear_f32_rows16(
             x, self.tiles.index_select(0, groups), groups.numel() * GROUP_ROWS
         )
-        cols = (groups.unsqueeze(1) * GROUP_ROWS + torch.arange(GROUP_ROWS)).flatten()
-        scores = exact.masked_fill(cols >= self.vocab_size, float("-inf"))  # padding tokens
-        best = scores.argmax(dim=1)  # the first largest: `cols` ascend
-        if not bool(torch.isfinite(scores.gather(1, best.unsqueeze(1))).all()):
-            return None
-        self.screened_rows += rows
-        return cols[best].tolist()
+        tokens = first_largest(exact, groups, self.vocab_size)
+        if tokens is not None:
+            self.screened_rows += rows
+        return tokens
 
 
-def screen_for(head: object, vocab_size: int, wanted: bool) -> object | None:
+def first_largest(exact: torch.Tensor, groups: torch.Tensor, vocab_size: int) -> list[int] | None:
+    """Each row's token from the exact logits [R, 16 n] of the candidate `groups` (ascending):
+    the first index of the largest, padding rows past the vocabulary excluded; None where a
+    row's largest is not finite (the full logits and the sampler decide then)."""
+    cols = (groups.unsqueeze(1) * GROUP_ROWS + torch.arange(GROUP_ROWS)).flatten()
+    scores = exact.masked_fill(cols >= vocab_size, float("-inf"))  # padding tokens
+    best = scores.argmax(dim=1)  # the first largest: `cols` ascend
+    if not bool(torch.isfinite(scores.gather(1, best.unsqueeze(1))).all()):
+        return None
+    return cols[best].tolist()
+
+
+def screen_for(
+    head: object, vocab_size: int, wanted: bool
+) -> ScreenedArgmax | Int8ScreenedArgmax | None:
     """The screen of a model's LM head (`model.lm_head` after `prepare_for_device`) when it is
     wanted (--screened-greedy-head): a head that keeps float32 tiles (a small float32 model on
     an AVX-512 CPU, one rank) gets this module's bfloat16 screen, a Q8_0 head on tiles (the

@@ -40,7 +40,12 @@ import logging
 
 import torch
 
-from worker.layers.greedy_head import GROUP_ROWS, MAX_CANDIDATE_GROUP_SHARE, OVERFLOW_GUARD
+from worker.layers.greedy_head import (
+    GROUP_ROWS,
+    MAX_CANDIDATE_GROUP_SHARE,
+    OVERFLOW_GUARD,
+    first_largest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -146,12 +151,7 @@ class Int8ScreenedArgmax:
         exact = self.kernels.linear_rows16(
             x, self.tiles.index_select(0, groups), Q8_0, self.in_features
         )
-        cols = (groups.unsqueeze(1) * GROUP_ROWS + torch.arange(GROUP_ROWS)).flatten()
-        scores = exact.masked_fill(cols >= self.vocab_size, float("-inf"))
-        best = scores.argmax(dim=1)  # the first largest: `cols` ascend
-        if not bool(torch.isfinite(scores.gather(1, best.unsqueeze(1))).all()):
-            return None
-        return cols[best].tolist()
+        return first_largest(exact, groups, self.vocab_size)
 
     @classmethod
     def for_head(cls, head: object, vocab_size: int) -> Int8ScreenedArgmax | None:
