@@ -20,6 +20,8 @@ from benchmarks.gguf_export import export  # noqa: E402
 from tests.worker.helpers import save_hf_checkpoint  # noqa: E402
 from tests.worker.quant_helpers import TYPES  # noqa: E402
 
+PREBUILT = "KVLEDGER_PREBUILT_KERNELS"
+
 
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
@@ -35,15 +37,27 @@ def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], P
 
 @pytest.fixture(scope="session")
 def kv_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A private KVLEDGER_CACHE_DIR so tests never touch (or depend on) the user's cache."""
+    """A private KVLEDGER_CACHE_DIR so tests never write to (or depend on) the user's cache.
+
+    One thing is read from it: compiled kernels already built there (`make kernels`) are
+    loaded as an image's prebuilt ones are (KVLEDGER_PREBUILT_KERNELS, worker/native.py),
+    only under their exact source, torch and CPU digest. Without that, every process that
+    starts after this fixture (spawned ranks, workers) rebuilds them into the private cache:
+    minutes on two cores, long enough to run past a test's timeout."""
+    from kvledger.models import cache_dir
+
+    built = cache_dir() / "torch_extensions"
     path = tmp_path_factory.mktemp("kvledger-cache")
-    previous = os.environ.get("KVLEDGER_CACHE_DIR")
+    saved = {name: os.environ.get(name) for name in ("KVLEDGER_CACHE_DIR", PREBUILT)}
     os.environ["KVLEDGER_CACHE_DIR"] = str(path)
+    if saved[PREBUILT] is None and built.is_dir():
+        os.environ[PREBUILT] = str(built)
     yield path
-    if previous is None:
-        os.environ.pop("KVLEDGER_CACHE_DIR", None)
-    else:
-        os.environ["KVLEDGER_CACHE_DIR"] = previous
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

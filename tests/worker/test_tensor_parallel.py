@@ -66,6 +66,14 @@ def run_group(
     return got
 
 
+@pytest.fixture(scope="module", autouse=True)
+def kernels_built() -> None:
+    """The compiled kernels built (or found) in the cache the ranks will use, before any rank
+    starts: a build inside a rank would run past RESULT_TIMEOUT on a two-core machine. Where
+    they cannot build, the ranks fail as fast and take torch's ops, as a worker does."""
+    subprocess.run([sys.executable, "-m", "worker.build_kernels"], capture_output=True, timeout=900)
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     def save(name: str, kind: str, **overrides: Any) -> Path:
