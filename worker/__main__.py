@@ -146,6 +146,7 @@ def runner_kwargs(settings: WorkerSettings) -> dict[str, Any]:
         kv_cache_memory_bytes=kv_bytes,
         gpu_memory_utilization=settings.gpu_memory_utilization,
         dtype=chosen.dtype,
+        kv_cache_dtype=settings.kv_cache_dtype,
         # a group's rank 0 takes the first of its GPUs; a single worker --device as given
         device=rank_device(settings.device, 0)
         if settings.tensor_parallel_size > 1

@@ -23,6 +23,8 @@ from kvledger.options import option
 # "auto": the checkpoint's dtype when it is a half type, else float32
 # (worker/runner/model_runner.py).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# the KV cache's dtype (worker/runner/kv_cache.py: kv_dtype); auto: the model's
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
 # worker/attention/__init__.py: get_backend
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash_attn")
 # worker/quant/select.py: what a GGUF file's quantized weights become in memory
@@ -71,6 +73,14 @@ class WorkerSettings(
         None,
         "weight and activation dtype (default: bfloat16 on CUDA, float32 on CPU)",
         choices=DTYPES,
+    )
+    kv_cache_dtype: str = option(
+        "auto",
+        "dtype of the paged KV cache: auto, the model's (--dtype); bfloat16 under a float32 "
+        "model on CPU halves the bytes a decode step reads and the memory of a block "
+        "(attention still computes in float32 on the keys and values rounded to bfloat16: "
+        "logits move by ~1e-2 where float32 keys match the reference to ~1e-5)",
+        choices=KV_CACHE_DTYPES,
     )
     device: str = option("cpu", "torch device")
     attention_backend: str = option(

@@ -55,11 +55,13 @@ class Gather:
         return cls(blocks, empty, torch.empty_like(empty))
 
     def __call__(
-        self, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The blocks' keys and values in `dtype` (the queries': a bfloat16 cache under a
+        float32 model widens them, exactly)."""
         torch.index_select(k_cache, 0, self.blocks, out=self.keys)
         torch.index_select(v_cache, 0, self.blocks, out=self.values)
-        return self.keys, self.values
+        return self.keys.to(dtype), self.values.to(dtype)
 
 
 @dataclass
@@ -77,8 +79,9 @@ def write_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     heads, dim = k_cache.shape[-2:]
-    k_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, v)
+    # a bfloat16 cache under float32 rows (--kv-cache-dtype): rounded to nearest even
+    k_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, heads, dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
 class TorchAttention(AttentionBackend):
@@ -157,7 +160,7 @@ def _attend_prefill(
 ) -> torch.Tensor:
     if seq.gather is None:
         seq.gather = Gather.for_cache(seq.blocks, k_cache)
-    k_blocks, v_blocks = seq.gather(k_cache, v_cache)
+    k_blocks, v_blocks = seq.gather(k_cache, v_cache, q.dtype)
     # 4-d inputs: with 3-d ones torch's CPU SDPA falls back to its ~10x slower math kernel
     keys = k_blocks.flatten(0, 1)[: seq.context_len].transpose(0, 1).unsqueeze(0)
     values = v_blocks.flatten(0, 1)[: seq.context_len].transpose(0, 1).unsqueeze(0)
@@ -180,7 +183,7 @@ def _attend_decode(
     if group.gather is None:
         group.gather = Gather.for_cache(group.block_tables.flatten(), k_cache)
     n, width = group.block_tables.shape
-    k_blocks, v_blocks = group.gather(k_cache, v_cache)
+    k_blocks, v_blocks = group.gather(k_cache, v_cache, q.dtype)
     keys = k_blocks.view(n, width * k_cache.shape[1], *k_cache.shape[2:]).transpose(1, 2)
     values = v_blocks.view(n, width * v_cache.shape[1], *v_cache.shape[2:]).transpose(1, 2)
     queries = q.unsqueeze(2)  # [n, H, 1, D]

@@ -2,8 +2,10 @@
 // heads that share a KV head: paged_decode.cpp's inner step, in two forms.
 //
 // `attend_block` is the portable form, for every dtype and head dimension. With AVX-512 (the
-// module is built with -march=native) a float32 cache with a head dimension of 32, 64 or 128
-// takes `attend_block_avx512`. A head's step is a chain of dependent operations (scores ->
+// module is built with -march=native) a float32, bfloat16 or float16 cache with a head
+// dimension of 32, 64 or 128 takes `attend_block_avx512`: a 16-bit cache's rows widen to
+// float32 as they load (exactly: every bfloat16 and float16 value is a float32 value), so it
+// computes what the float32 form computes on the widened cache, reading half the bytes. A head's step is a chain of dependent operations (scores ->
 // block maximum -> exp -> value sums) that the portable loop runs head after head, one key at
 // a time; here up to four heads go through each stage together, so their chains interleave,
 // and each stage is whole vectors: 16 keys' scores are reduced together into one vector (a
@@ -19,11 +21,36 @@
 #include <limits>
 #include <type_traits>
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 namespace kvledger {
+
+#if defined(__AVX512F__)
+// 16 cache values as float32: a bfloat16 is a float32's upper half, a float16 widens by
+// vcvtph2ps (AVX512F); both exact.
+template <typename C>
+inline __m512 load16(const C* p) {
+  if constexpr (std::is_same_v<C, float>) {
+    return _mm512_loadu_ps(p);
+  } else if constexpr (std::is_same_v<C, c10::BFloat16>) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    static_assert(std::is_same_v<C, c10::Half>, "a float32, bfloat16 or float16 cache");
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+}
+
+// Whether a cache of this dtype has the AVX-512 forms.
+template <typename C>
+constexpr bool kWideLoads = std::is_same_v<C, float> || std::is_same_v<C, c10::BFloat16> ||
+                            std::is_same_v<C, c10::Half>;
+#endif
 
 // qf: G x D scaled queries; kb, vb: this KV head's row of the block's first key, `row` floats
 // from one key to the next; scores: G x block_size scratch; m, l: G; acc: G x D.
@@ -106,16 +133,16 @@ static inline __m512 sum_lanes16(const __m512* v) {
 // Heads [0, NG) of qf (NG at once: their chains of dependent operations, scores -> maximum
 // -> exp -> value sums, interleave instead of waiting one after another), keys [lo, hi) taken
 // 16 at a time (any block size). kD in {32, 64, 128}.
-template <int64_t kD, int NG>
-inline void attend_heads_avx512(const float* qf, const float* kb, const float* vb, int64_t row,
+template <typename C, int64_t kD, int NG>
+inline void attend_heads_avx512(const float* qf, const C* kb, const C* vb, int64_t row,
                                 int64_t lo, int64_t hi, float* m, float* l, float* acc) {
-  constexpr int C = static_cast<int>(kD / 16);
+  constexpr int kC = static_cast<int>(kD / 16);
   // independent sums per value accumulator: at least 8 chains of FMAs in flight
-  constexpr int kSets = NG * C >= 8 ? 1 : 8 / (NG * C);
+  constexpr int kSets = NG * kC >= 8 ? 1 : 8 / (NG * kC);
   const __m512 lowest = _mm512_set1_ps(std::numeric_limits<float>::lowest());
-  __m512 a[kSets][NG][C];
+  __m512 a[kSets][NG][kC];
   for (int h = 0; h < NG; ++h)
-    for (int c = 0; c < C; ++c) {
+    for (int c = 0; c < kC; ++c) {
       a[0][h][c] = _mm512_loadu_ps(acc + h * kD + 16 * c);
       for (int k = 1; k < kSets; ++k) a[k][h][c] = _mm512_setzero_ps();
     }
@@ -126,16 +153,16 @@ inline void attend_heads_avx512(const float* qf, const float* kb, const float* v
     const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1u);
     __m512 p[NG];
     for (int h = 0; h < NG; ++h) {
-      __m512 q[C], dots[16];
-      for (int c = 0; c < C; ++c) q[c] = _mm512_loadu_ps(qf + h * kD + 16 * c);
+      __m512 q[kC], dots[16];
+      for (int c = 0; c < kC; ++c) q[c] = _mm512_loadu_ps(qf + h * kD + 16 * c);
       for (int64_t j = 0; j < 16; ++j) {  // keys past `count` may lie past the block: not read
         if (j >= count) {
           dots[j] = _mm512_setzero_ps();
           continue;
         }
-        const float* kr = kb + (t0 + j) * row;
-        dots[j] = _mm512_mul_ps(q[0], _mm512_loadu_ps(kr));
-        for (int c = 1; c < C; ++c) dots[j] = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(kr + 16 * c), dots[j]);
+        const C* kr = kb + (t0 + j) * row;
+        dots[j] = _mm512_mul_ps(q[0], load16(kr));
+        for (int c = 1; c < kC; ++c) dots[j] = _mm512_fmadd_ps(q[c], load16(kr + 16 * c), dots[j]);
       }
       p[h] = _mm512_mask_mov_ps(lowest, valid, sum_lanes16(dots));
     }
@@ -154,22 +181,22 @@ inline void attend_heads_avx512(const float* qf, const float* kb, const float* v
       mh[h] = mnew[h];
       const __m512 ch = _mm512_set1_ps(corr[h]);
       for (int k = 0; k < kSets; ++k)
-        for (int c = 0; c < C; ++c) a[k][h][c] = _mm512_mul_ps(a[k][h][c], ch);
+        for (int c = 0; c < kC; ++c) a[k][h][c] = _mm512_mul_ps(a[k][h][c], ch);
       _mm512_store_ps(ps[h], p[h]);
     }
     for (int64_t j = 0; j < count; ++j) {
-      const float* vr = vb + (t0 + j) * row;
+      const C* vr = vb + (t0 + j) * row;
       const int k = static_cast<int>(j % kSets);
-      __m512 v[C];
-      for (int c = 0; c < C; ++c) v[c] = _mm512_loadu_ps(vr + 16 * c);
+      __m512 v[kC];
+      for (int c = 0; c < kC; ++c) v[c] = load16(vr + 16 * c);
       for (int h = 0; h < NG; ++h) {
         const __m512 ph = _mm512_set1_ps(ps[h][j]);
-        for (int c = 0; c < C; ++c) a[k][h][c] = _mm512_fmadd_ps(ph, v[c], a[k][h][c]);
+        for (int c = 0; c < kC; ++c) a[k][h][c] = _mm512_fmadd_ps(ph, v[c], a[k][h][c]);
       }
     }
   }
   for (int h = 0; h < NG; ++h) {
-    for (int c = 0; c < C; ++c) {
+    for (int c = 0; c < kC; ++c) {
       __m512 sum = a[0][h][c];
       for (int k = 1; k < kSets; ++k) sum = _mm512_add_ps(sum, a[k][h][c]);
       _mm512_storeu_ps(acc + h * kD + 16 * c, sum);
@@ -179,10 +206,10 @@ inline void attend_heads_avx512(const float* qf, const float* kb, const float* v
   }
 }
 
-// The float32 form: the G heads in groups of up to kMax (their accumulators, kMax x kD / 16
-// registers, stay in registers).
-template <int64_t kD>
-inline void attend_block_avx512(const float* qf, int64_t G, const float* kb, const float* vb,
+// The G heads in groups of up to kMax (their accumulators, kMax x kD / 16 registers, stay in
+// registers).
+template <typename C, int64_t kD>
+inline void attend_block_avx512(const float* qf, int64_t G, const C* kb, const C* vb,
                                 int64_t row, int64_t lo, int64_t hi, float* m, float* l,
                                 float* acc) {
   constexpr int kMax = kD >= 128 ? 2 : 4;
@@ -190,10 +217,10 @@ inline void attend_block_avx512(const float* qf, int64_t G, const float* kb, con
     const float* q = qf + h0 * kD;
     float *mh = m + h0, *lh = l + h0, *ah = acc + h0 * kD;
     switch (std::min<int64_t>(kMax, G - h0)) {
-      case 4: attend_heads_avx512<kD, kMax >= 4 ? 4 : 1>(q, kb, vb, row, lo, hi, mh, lh, ah); break;
-      case 3: attend_heads_avx512<kD, kMax >= 3 ? 3 : 1>(q, kb, vb, row, lo, hi, mh, lh, ah); break;
-      case 2: attend_heads_avx512<kD, 2>(q, kb, vb, row, lo, hi, mh, lh, ah); break;
-      default: attend_heads_avx512<kD, 1>(q, kb, vb, row, lo, hi, mh, lh, ah); break;
+      case 4: attend_heads_avx512<C, kD, kMax >= 4 ? 4 : 1>(q, kb, vb, row, lo, hi, mh, lh, ah); break;
+      case 3: attend_heads_avx512<C, kD, kMax >= 3 ? 3 : 1>(q, kb, vb, row, lo, hi, mh, lh, ah); break;
+      case 2: attend_heads_avx512<C, kD, 2>(q, kb, vb, row, lo, hi, mh, lh, ah); break;
+      default: attend_heads_avx512<C, kD, 1>(q, kb, vb, row, lo, hi, mh, lh, ah); break;
     }
   }
 }
@@ -206,8 +233,8 @@ inline void attend(const float* qf, int64_t G, int64_t D, const T* kb, const T* 
                    int64_t bs, int64_t lo, int64_t hi, float* scores, float* m, float* l,
                    float* acc) {
 #if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float> && kD > 0 && kD % 16 == 0) {
-    attend_block_avx512<kD>(qf, G, kb, vb, row, lo, hi, m, l, acc);
+  if constexpr (kWideLoads<T> && kD > 0 && kD % 16 == 0) {
+    attend_block_avx512<T, kD>(qf, G, kb, vb, row, lo, hi, m, l, acc);
     return;
   }
 #endif

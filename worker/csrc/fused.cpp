@@ -233,6 +233,8 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
 // slot slot_mapping[i], as two `index_copy_` calls do (tests/worker/test_fused_ops.py compares
 // them), in one call. A decode step writes one row a sequence in every layer, and
 // the two indexed copies through torch cost ~7 us each there, more than the bytes they move.
+// float32 rows into a bfloat16 cache (--kv-cache-dtype bfloat16) round to nearest even, as
+// torch's conversion does.
 void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
               const at::Tensor& v_cache, const at::Tensor& slot_mapping) {
   TORCH_CHECK(k_cache.device().is_cpu() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
@@ -244,15 +246,30 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cach
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.dim() == 1,
               "write_kv: slot_mapping must be int64 [tokens]");
   const int64_t tokens = slot_mapping.size(0);
+  const bool narrow = k.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kBFloat16;
   for (const at::Tensor* t : {&k, &v})
-    TORCH_CHECK(t->scalar_type() == k_cache.scalar_type() && t->numel() == tokens * row,
-                "write_kv: k and v must be ", k_cache.scalar_type(), " [", tokens, ", ", heads,
-                ", ", dim, "]");
+    TORCH_CHECK((t->scalar_type() == k_cache.scalar_type() ||
+                 (narrow && t->scalar_type() == at::kFloat)) &&
+                    t->numel() == tokens * row,
+                "write_kv: k and v must be ", k_cache.scalar_type(),
+                narrow ? " or float32" : "", " [", tokens, ", ", heads, ", ", dim, "]");
   const at::Tensor kc = k.contiguous(), vc = v.contiguous(), sm = slot_mapping.contiguous();
   const int64_t* slot = sm.data_ptr<int64_t>();
   for (int64_t i = 0; i < tokens; ++i)
     TORCH_CHECK(slot[i] >= 0 && slot[i] < slots, "write_kv: slot ", slot[i], " is outside the ",
                 slots, " slots of the cache");
+  if (narrow) {
+    auto* kd = k_cache.data_ptr<c10::BFloat16>();
+    auto* vd = v_cache.data_ptr<c10::BFloat16>();
+    const float* ks = kc.data_ptr<float>();
+    const float* vs = vc.data_ptr<float>();
+    for (int64_t i = 0; i < tokens; ++i)
+      for (int64_t j = 0; j < row; ++j) {
+        kd[slot[i] * row + j] = c10::BFloat16(ks[i * row + j]);
+        vd[slot[i] * row + j] = c10::BFloat16(vs[i * row + j]);
+      }
+    return;
+  }
   const size_t bytes = static_cast<size_t>(row) * k_cache.element_size();
   auto* kd = static_cast<char*>(k_cache.data_ptr());
   auto* vd = static_cast<char*>(v_cache.data_ptr());

@@ -8,7 +8,9 @@
 // ranges of a task's blocks too, merged at the end; each task keeps the G = H / Hkv query heads
 // that share that KV head together, so every key and value row is read once for all of them. Softmax is
 // computed online a block at a time (one rescale per block, not per key) in float32, whatever
-// the cache dtype; decode_block.h holds that step (and its AVX-512 form for a float32 cache).
+// the cache dtype; decode_block.h holds that step (and its AVX-512 forms). The cache is the
+// queries' dtype, or bfloat16 under float32 queries (--kv-cache-dtype bfloat16: half the bytes
+// a step reads, widened to float32 as they load).
 // Sequences grouped by a shared prefix of blocks start from their states over it
 // (shared_prefix.h) and attend over their own blocks only.
 #include "ops.h"
@@ -43,9 +45,10 @@ inline void prefetch_block(const T* kp, const T* vp, int64_t offset, int64_t bs,
   }
 }
 
-// kD: the head dimension when known at compile time (the common 32, 64, 128: the dot products
-// and updates over it unroll into whole vectors), 0 for any other, read at run time.
-template <typename T, int64_t kD>
+// T: the queries' and output's dtype, C: the cache's. kD: the head dimension when known at
+// compile time (the common 32, 64, 128: the dot products and updates over it unroll into whole
+// vectors), 0 for any other, read at run time.
+template <typename T, typename C, int64_t kD>
 void decode_kernel(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
     const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t window,
@@ -54,8 +57,8 @@ void decode_kernel(
   const int64_t bs = k_cache.size(1), Hkv = k_cache.size(2);
   const int64_t G = H / Hkv, width = block_tables.size(1);
   const T* qp = q.data_ptr<T>();
-  const T* kp = k_cache.data_ptr<T>();
-  const T* vp = v_cache.data_ptr<T>();
+  const C* kp = k_cache.data_ptr<C>();
+  const C* vp = v_cache.data_ptr<C>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   T* op = out.data_ptr<T>();
@@ -66,7 +69,7 @@ void decode_kernel(
   PrefixStates pre;
   const bool grouped = group_blocks.numel() > 0;
   if (grouped)
-    shared_prefix_states<T, kD>(qp, kp, vp, tables, width, n, H, Hkv, D, bs, fscale,
+    shared_prefix_states<T, C, kD>(qp, kp, vp, tables, width, n, H, Hkv, D, bs, fscale,
                                 group_of.data_ptr<int64_t>(), group_blocks.data_ptr<int64_t>(),
                                 group_blocks.numel(), pre);
 
@@ -132,7 +135,7 @@ void decode_kernel(
         if (b + 1 < b_end) prefetch_block(kp, vp, tables[s * width + b + 1] * block + kvh * D, bs, row, D);
         const int64_t lo = std::max<int64_t>(first - b * bs, 0);
         const int64_t hi = std::min<int64_t>(ctx - b * bs, bs);
-        attend<T, kD>(qf.data(), G, D, kp + id * block + kvh * D, vp + id * block + kvh * D,
+        attend<C, kD>(qf.data(), G, D, kp + id * block + kvh * D, vp + id * block + kvh * D,
                       row, bs, lo, hi, scores.data(), m, l, acc);
       }
       if (parts == 1) write_out(task, m, l, acc, 1);  // the common case: on this thread
@@ -190,9 +193,10 @@ at::Tensor paged_decode_shared(
               "paged_decode: q [n, H, D], caches [blocks, block_size, Hkv, D]");
   TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(1) % k_cache.size(2) == 0,
               "paged_decode: head_dim differs or H is not a multiple of Hkv");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() &&
+  const bool wide_q = q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((q.scalar_type() == k_cache.scalar_type() || wide_q) &&
                   k_cache.scalar_type() == v_cache.scalar_type(),
-              "paged_decode: q and the caches must share a dtype");
+              "paged_decode: the caches must share q's dtype, or be bfloat16 under float32 q");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
               "paged_decode: block_tables and context_lens must be int64");
   TORCH_CHECK(block_tables.size(0) == q.size(0) && context_lens.size(0) == q.size(0),
@@ -205,14 +209,22 @@ at::Tensor paged_decode_shared(
   const at::Tensor of = group_of.contiguous(), blocks = group_blocks.contiguous();
   check_groups(tables, lens, k_cache.size(1), window, of, blocks);
   at::Tensor out = at::empty_like(qc);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
+  auto run = [&](auto q_type, auto cache_type) {
+    using T = decltype(q_type);
+    using C = decltype(cache_type);
     switch (q.size(2)) {
-      case 32: return decode_kernel<scalar_t, 32>(qc, k_cache, v_cache, tables, lens, window, scale, of, blocks, out);
-      case 64: return decode_kernel<scalar_t, 64>(qc, k_cache, v_cache, tables, lens, window, scale, of, blocks, out);
-      case 128: return decode_kernel<scalar_t, 128>(qc, k_cache, v_cache, tables, lens, window, scale, of, blocks, out);
-      default: return decode_kernel<scalar_t, 0>(qc, k_cache, v_cache, tables, lens, window, scale, of, blocks, out);
+      case 32: return decode_kernel<T, C, 32>(qc, k_cache, v_cache, tables, lens, window, scale, of, blocks, out);
+      case 64: return decode_kernel<T, C, 64>(qc, k_cache, v_cache, tables, lens, window, scale, of, blocks, out);
+      case 128: return decode_kernel<T, C, 128>(qc, k_cache, v_cache, tables, lens, window, scale, of, blocks, out);
+      default: return decode_kernel<T, C, 0>(qc, k_cache, v_cache, tables, lens, window, scale, of, blocks, out);
     }
-  });
+  };
+  if (wide_q) {
+    run(float{}, c10::BFloat16{});
+    return out;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode",
+                                  [&] { run(scalar_t{}, scalar_t{}); });
   return out;
 }
 

@@ -47,8 +47,8 @@ struct PrefixStates {
 // head) each task's shared blocks are cut into parts too, merged at the end.
 constexpr int64_t kRowBlock = 256;
 
-template <typename T, int64_t kD>
-void shared_prefix_states(const T* qp, const T* kp, const T* vp, const int64_t* tables,
+template <typename T, typename C, int64_t kD>
+void shared_prefix_states(const T* qp, const C* kp, const C* vp, const int64_t* tables,
                           int64_t width, int64_t n, int64_t H, int64_t Hkv, int64_t D,
                           int64_t bs, float scale, const int64_t* group_of,
                           const int64_t* group_blocks, int64_t groups, PrefixStates& out) {
@@ -120,17 +120,17 @@ void shared_prefix_states(const T* qp, const T* kp, const T* vp, const int64_t* 
                                 row, t.kvh * D, D);
         krows.resize(keys);
         vrows.resize(keys);
-        if constexpr (!std::is_same_v<T, float>) conv.resize(2 * keys * D);
+        if constexpr (!std::is_same_v<C, float>) conv.resize(2 * keys * D);
         for (int64_t j = 0; j < keys; ++j) {
           const int64_t at = table[c0 + j / bs] * block + (j % bs) * row + t.kvh * D;
-          if constexpr (std::is_same_v<T, float>) {  // read in place
+          if constexpr (std::is_same_v<C, float>) {  // read in place
             krows[j] = kp + at;
             vrows[j] = vp + at;
-          } else {
+          } else {  // widened once a chunk: the micro-kernels read each key many times
             float* kf = conv.data() + j * D;
             float* vf = conv.data() + (keys + j) * D;
-            for (int64_t d = 0; d < D; ++d) kf[d] = static_cast<float>(kp[at + d]);
-            for (int64_t d = 0; d < D; ++d) vf[d] = static_cast<float>(vp[at + d]);
+            prefix::widen<kD>(kp + at, kf, D);
+            prefix::widen<kD>(vp + at, vf, D);
             krows[j] = kf;
             vrows[j] = vf;
           }

@@ -163,6 +163,19 @@ inline void values(const float* PT, int64_t R, int64_t Rpad, int64_t D, const fl
     }
 }
 
+// One cache row of D values as float32 (exact for a 16-bit cache: every bfloat16 and float16
+// value is a float32 value); whole vectors where the width is known.
+template <int64_t kD, typename C>
+inline void widen(const C* src, float* dst, int64_t D) {
+#if defined(__AVX512F__)
+  if constexpr (kD > 0 && kD % 16 == 0 && kWideLoads<C>) {
+    for (int64_t d = 0; d < kD; d += 16) _mm512_storeu_ps(dst + d, load16(src + d));
+    return;
+  }
+#endif
+  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(src[d]);
+}
+
 // Starts fetching the rows of blocks [b0, b1) of this KV head: the shared blocks of every
 // layer do not stay in cache between steps (SmolLM2's 400 shared tokens are 0.6 MB a layer),
 // and their rows lie 16 to a block anywhere in the cache, where the hardware prefetcher

@@ -34,6 +34,24 @@ class KVShape:
         return num_blocks
 
 
+def kv_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The cache's dtype for --kv-cache-dtype `name` under a model of `dtype`: auto is the
+    model's. A bfloat16 cache under a float32 model runs on CPU only (the compiled kernel
+    widens its rows as it loads them; the torch backend widens its gathered copy): on CUDA,
+    flash-attn reads the cache in the queries' dtype."""
+    chosen = dtype if name == "auto" else getattr(torch, name, None)
+    if name not in ("auto", "float32", "bfloat16") or chosen is None:
+        raise ValueError(f"unsupported KV cache dtype {name!r} (auto, float32, bfloat16)")
+    if chosen == dtype:
+        return chosen
+    if chosen == torch.bfloat16 and dtype == torch.float32 and device.type == "cpu":
+        return chosen
+    raise ValueError(
+        f"--kv-cache-dtype {name} needs a float32 model on CPU (here {dtype} on "
+        f"{device.type}); a model's own dtype is always a valid cache dtype (auto)"
+    )
+
+
 # Room kept for activations and the allocator's slack; not profiled (nothing here has run on a
 # GPU): a forward pass's peak grows with max_num_batched_tokens.
 GPU_ACTIVATION_HEADROOM_BYTES = 1 << 30

@@ -27,7 +27,7 @@ from worker.parallel.distributed import TPGroup, check_tensor_parallel, split_he
 from worker.quant.select import activations_for, check_quantization, keep_gguf_blocks
 from worker.runner.batch import BatchLimits, SeqChunk, prepare_batch
 from worker.runner.cuda_graphs import DecodeGraphs
-from worker.runner.kv_cache import KVCache, KVShape, gpu_kv_budget, num_blocks_for
+from worker.runner.kv_cache import KVCache, KVShape, gpu_kv_budget, kv_dtype, num_blocks_for
 from worker.runner.pooling import EmbedItem, PoolingConfig, finish, flat_inputs, pool
 from worker.sample import sampler as sampling_rules
 from worker.sample.constraints import Constraint, Grammars
@@ -72,6 +72,7 @@ class ModelRunner:
         num_blocks: int | None = None,
         kv_cache_memory_bytes: int | None = None,
         dtype: str = "float32",
+        kv_cache_dtype: str = "auto",
         device: str = "cpu",
         max_model_len: int | None = None,
         seed: int = 0,
@@ -94,6 +95,7 @@ class ModelRunner:
         self.quantized = check_quantization(quantization, Path(model_path), device, tp.size)
         self.dtype = resolve_dtype(dtype, cfg)
         self.device = torch.device(device)
+        self.kv_dtype = kv_dtype(kv_cache_dtype, self.dtype, self.device)
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.block_size = block_size
@@ -104,7 +106,7 @@ class ModelRunner:
         self.pooling = PoolingConfig.from_dir(Path(model_path), PoolingConfig("last", True))
         # each rank's cache holds its own KV heads, for the same block ids as every other rank
         kv_heads = split_heads(cfg.num_heads, cfg.num_kv_heads, tp.rank, tp.size).kv_heads
-        shape = KVShape(cfg.num_layers, block_size, kv_heads, cfg.head_dim, self.dtype)
+        shape = KVShape(cfg.num_layers, block_size, kv_heads, cfg.head_dim, self.kv_dtype)
         size_from_gpu = (
             self.device.type == "cuda" and num_blocks is None and kv_cache_memory_bytes is None
         )
@@ -165,13 +167,14 @@ class ModelRunner:
         )
         self.grammars.prepare()  # at start, beside the scheduler link: no request builds it
         log.info(
-            "model %s: %s, %d layers, %s, %d KV blocks of %d tokens (%.1f MiB)",
+            "model %s: %s, %d layers, %s, %d KV blocks of %d tokens in %s (%.1f MiB)",
             model_path,
             cfg.architecture,
             cfg.num_layers,
             self.dtype,
             self.num_blocks,
             block_size,
+            self.kv_dtype,
             self.num_blocks * shape.bytes_per_block() / 2**20,
         )
 
