@@ -157,6 +157,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--quantization", default="auto")
+    parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--trace", default=None, help="write a Chrome trace here")
     args = parser.parse_args()
     if not 0 <= args.shared_prefix <= args.context_len or args.batch < 1:
@@ -168,6 +169,7 @@ def main() -> None:
         attention_backend="auto",
         progress=False,
         quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     if args.threads:
         torch.set_num_threads(args.threads)
