@@ -3,10 +3,11 @@
 The rule: keys and values are rounded to bfloat16 once, as they are written (to nearest
 even, as torch rounds), and every reader widens them back to float32 exactly. So the compiled
 kernel on a bfloat16 cache computes bit for bit what it computes on a float32 cache holding
-the widened values, grouped or not (its AVX-512 forms; within 1e-6 in the portable loops); the torch backend agrees with it as on float32; the
-cache read after a prefix hit is what a full prefill reads (cache on equals cache off); and
-the model's logits move from the float32 cache's by the rounding of the keys and values
-alone, a bound measured here. A cache dtype the worker cannot serve is refused at start.
+the widened values, grouped or not (its AVX-512 forms; within 1e-6 in the portable loops);
+the torch backend agrees with it as on float32; the cache read after a prefix hit is what a
+full prefill reads (cache on equals cache off); and the model's logits move from the float32
+cache's by the rounding of the keys and values alone, a bound measured here. A cache dtype
+the worker cannot serve stops it at start.
 """
 
 from __future__ import annotations
@@ -158,3 +159,19 @@ def test_greedy_tokens_stay_those_of_the_float32_cache(hf_checkpoint) -> None:
         path, num_blocks=24, kv_cache_dtype="bfloat16", attention_backend="cpu"
     )
     assert greedy(bf16_runner, prompt, 12) == f32
+
+
+def test_the_flag_reaches_the_runner_and_a_pair_it_cannot_serve_stops_startup(
+    hf_checkpoint,
+) -> None:
+    from kvledger.flags import WORKER, config_for, parse
+    from worker.__main__ import runner_kwargs
+
+    default = runner_kwargs(config_for(WORKER, parse(WORKER, [], "")))
+    assert default["kv_cache_dtype"] == "auto"
+    argv = ["--kv-cache-dtype", "bfloat16"]
+    assert runner_kwargs(config_for(WORKER, parse(WORKER, argv, "")))["kv_cache_dtype"] == (
+        "bfloat16"
+    )
+    with pytest.raises(ValueError, match="needs a float32 model on CPU"):
+        make_runner(hf_checkpoint("llama"), dtype="bfloat16", kv_cache_dtype="float32")
