@@ -66,6 +66,7 @@ LEFT_AT_DEFAULT: dict[str, frozenset[str]] = {
             "--block-size",
             "--num-kv-blocks",
             "--kv-cache-memory-bytes",
+            "--kv-cache-dtype",
             "--gpu-memory-utilization",
             "--max-model-len",
             "--attention-backend",

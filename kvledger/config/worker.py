@@ -77,7 +77,7 @@ class WorkerSettings(
     kv_cache_dtype: str = option(
         "auto",
         "dtype of the paged KV cache: auto, the model's (--dtype); bfloat16 under a float32 "
-        "model on CPU halves the bytes a decode step reads and the memory of a block "
+        "model on CPU halves the keys' and values' bytes attention reads and a block's memory "
         "(attention still computes in float32, on keys and values rounded to bfloat16 once: "
         "SmolLM2's logits move by up to ~2e-2 x the largest, greedy chats kept their tokens "
         "on the exact path); CUDA takes the model's dtype only",

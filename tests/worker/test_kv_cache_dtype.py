@@ -25,6 +25,8 @@ from worker.runner.batch import SeqChunk
 from worker.runner.kv_cache import KVShape, kv_dtype
 
 CPU = torch.device("cpu")
+# the module is built for this CPU (-march=native): its AVX-512 forms exist only here
+AVX512 = "avx512f" in native._cpu_flags().split()
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,7 @@ def test_a_bfloat16_cache_reads_as_its_float32_widening_bit_for_bit(
             assert got.dtype == torch.float32
             same = module.paged_decode_shared(*wide, group_of, group_blocks)
             alone, alone_wide = module.paged_decode(*narrow), module.paged_decode(*wide)
-            if dim in (32, 64, 128):  # the AVX-512 forms: the same operations, the same values
+            if AVX512 and dim in (32, 64, 128):  # the AVX-512 forms: same operations, values
                 assert torch.equal(got, same) and torch.equal(alone, alone_wide)
             else:  # the portable loops, which the compiler vectorizes per dtype
                 torch.testing.assert_close(got, same, atol=1e-6, rtol=0)
@@ -68,6 +70,17 @@ def test_a_bfloat16_cache_reads_as_its_float32_widening_bit_for_bit(
             torch.testing.assert_close(got.double(), reference(*wide), atol=1e-5, rtol=0)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_float16_model_reads_its_float16_cache(module) -> None:
+    """A 16-bit model's own cache (queries and cache in float16) takes the widening loads too."""
+    args, group_of, group_blocks = shared_prefix_layout(9, 3, 64, 16, torch.float16, 7)
+    got = module.paged_decode_shared(*args, group_of, group_blocks)
+    assert got.dtype == torch.float16
+    expected = reference(*args)
+    torch.testing.assert_close(got.double(), expected, atol=2e-3, rtol=0)
+    alone = module.paged_decode(*args)
+    torch.testing.assert_close(alone.double(), expected, atol=2e-3, rtol=0)
 
 
 def test_the_kernel_refuses_caches_of_another_dtype(module) -> None:
@@ -95,6 +108,8 @@ def test_the_compiled_write_rounds_as_torch_does(module) -> None:
     assert torch.equal(flat[1], torch.full((3, 64), 7.0, dtype=torch.bfloat16))  # untouched
     with pytest.raises(RuntimeError, match="k and v must be BFloat16"):
         module.write_kv(k.double(), v.double(), caches[0], caches[1], slots)
+    with pytest.raises(RuntimeError, match="k and v must share a dtype"):
+        module.write_kv(k, v.bfloat16(), caches[0], caches[1], slots)
 
 
 def test_the_cache_dtype_follows_the_model_or_is_refused_at_start() -> None:
@@ -166,12 +181,13 @@ def test_the_flag_reaches_the_runner_and_a_pair_it_cannot_serve_stops_startup(
 ) -> None:
     from kvledger.flags import WORKER, config_for, parse
     from worker.__main__ import runner_kwargs
+    from worker.runner.base import load_runner
 
     default = runner_kwargs(config_for(WORKER, parse(WORKER, [], "")))
     assert default["kv_cache_dtype"] == "auto"
-    argv = ["--kv-cache-dtype", "bfloat16"]
-    assert runner_kwargs(config_for(WORKER, parse(WORKER, argv, "")))["kv_cache_dtype"] == (
-        "bfloat16"
-    )
+    argv = ["--kv-cache-dtype", "bfloat16", "--num-kv-blocks", "8"]
+    kwargs = runner_kwargs(config_for(WORKER, parse(WORKER, argv, "")))
+    runner = load_runner(hf_checkpoint("llama"), **{**kwargs, "progress": False})
+    assert runner.kv_dtype == torch.bfloat16 and runner.kv_cache.k[0].dtype == torch.bfloat16
     with pytest.raises(ValueError, match="needs a float32 model on CPU"):
         make_runner(hf_checkpoint("llama"), dtype="bfloat16", kv_cache_dtype="float32")

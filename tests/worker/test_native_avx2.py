@@ -65,6 +65,26 @@ def test_shared_prefix_decode_without_avx512_equals_the_reference_and_this_cpus_
         torch.testing.assert_close(got, expected, atol=2e-6, rtol=0)
 
 
+def test_a_bfloat16_cache_without_avx512_equals_the_reference(modules) -> None:
+    """float32 queries over a bfloat16 cache (--kv-cache-dtype bfloat16) in the portable
+    loops: the widened cache's attention, grouped or not."""
+    portable, built = modules
+    args, group_of, group_blocks = shared_prefix_layout(9, 3, 64, 16, torch.float32, 5)
+    q, k, v, *rest = args
+    narrow = (q, k.bfloat16(), v.bfloat16(), *rest)
+    expected = reference(q, k.bfloat16().float(), v.bfloat16().float(), *rest)
+    for got in (
+        portable.paged_decode_shared(*narrow, group_of, group_blocks),
+        portable.paged_decode(*narrow),
+    ):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)
+    built_out = built.paged_decode_shared(*narrow, group_of, group_blocks)
+    torch.testing.assert_close(
+        portable.paged_decode_shared(*narrow, group_of, group_blocks), built_out, atol=2e-6, rtol=0
+    )
+
+
 def test_argmax_without_avx512_takes_the_first_maximum(modules) -> None:
     portable, _ = modules
     logits = torch.randn(5, 30522, generator=torch.Generator().manual_seed(3))

@@ -67,7 +67,7 @@ def run_group(
 
 
 @pytest.fixture(scope="module", autouse=True)
-def kernels_built() -> None:
+def kernels_built(kv_cache_dir: Path) -> None:
     """The compiled kernels built (or found) in the cache the ranks will use, before any rank
     starts: a build inside a rank would run past RESULT_TIMEOUT on a two-core machine. Where
     they cannot build, the ranks fail as fast and take torch's ops, as a worker does."""

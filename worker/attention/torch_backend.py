@@ -57,8 +57,9 @@ class Gather:
     def __call__(
         self, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The blocks' keys and values in `dtype` (the queries': a bfloat16 cache under a
-        float32 model widens them, exactly)."""
+        """The blocks' keys and values in `dtype` (the queries'). A bfloat16 cache under a
+        float32 model widens them, exactly, into new tensors each layer: this is the
+        reference backend; the compiled kernel widens as it reads, in place."""
         torch.index_select(k_cache, 0, self.blocks, out=self.keys)
         torch.index_select(v_cache, 0, self.blocks, out=self.values)
         return self.keys.to(dtype), self.values.to(dtype)

@@ -253,6 +253,7 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cach
                     t->numel() == tokens * row,
                 "write_kv: k and v must be ", k_cache.scalar_type(),
                 narrow ? " or float32" : "", " [", tokens, ", ", heads, ", ", dim, "]");
+  TORCH_CHECK(k.scalar_type() == v.scalar_type(), "write_kv: k and v must share a dtype");
   const at::Tensor kc = k.contiguous(), vc = v.contiguous(), sm = slot_mapping.contiguous();
   const int64_t* slot = sm.data_ptr<int64_t>();
   for (int64_t i = 0; i < tokens; ++i)
