@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvledger.config.worker import KV_CACHE_DTYPES
+
 
 @dataclass(frozen=True)
 class KVShape:
@@ -39,9 +41,9 @@ def kv_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype
     model's. A bfloat16 cache under a float32 model runs on CPU only (the compiled kernel
     widens its rows as it loads them; the torch backend widens its gathered copy): on CUDA,
     flash-attn reads the cache in the queries' dtype."""
-    chosen = dtype if name == "auto" else getattr(torch, name, None)
-    if name not in ("auto", "float32", "bfloat16") or chosen is None:
-        raise ValueError(f"unsupported KV cache dtype {name!r} (auto, float32, bfloat16)")
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"unsupported KV cache dtype {name!r} ({', '.join(KV_CACHE_DTYPES)})")
+    chosen = dtype if name == "auto" else getattr(torch, name)
     if chosen == dtype:
         return chosen
     if chosen == torch.bfloat16 and dtype == torch.float32 and device.type == "cpu":
