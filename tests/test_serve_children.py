@@ -45,6 +45,7 @@ def test_the_per_process_flags_of_serve_are_these():
             "--block-size",
             "--num-kv-blocks",
             "--kv-cache-memory-bytes",
+            "--kv-cache-dtype",
             "--gpu-memory-utilization",
             "--max-model-len",
             "--attention-backend",
