@@ -5,14 +5,15 @@
 // module is built with -march=native) a float32, bfloat16 or float16 cache with a head
 // dimension of 32, 64 or 128 takes `attend_block_avx512`: a 16-bit cache's rows widen to
 // float32 as they load (exactly: every bfloat16 and float16 value is a float32 value), so it
-// computes what the float32 form computes on the widened cache, reading half the bytes. A head's step is a chain of dependent operations (scores ->
-// block maximum -> exp -> value sums) that the portable loop runs head after head, one key at
-// a time; here up to four heads go through each stage together, so their chains interleave,
-// and each stage is whole vectors: 16 keys' scores are reduced together into one vector (a
-// transpose of their partial sums, not one horizontal sum per key), the exp is an inline
-// polynomial, each value row is loaded once for all the heads, and the value sums stay in
-// registers for the whole block. Both forms compute the same sums in float32, in a different
-// order (within ~1e-6 of each other).
+// computes what the float32 form computes on the widened cache, reading half the bytes. A
+// head's step is a chain of dependent operations (scores -> block maximum -> exp -> value
+// sums) that the portable loop runs head after head, one key at a time; here up to four heads
+// go through each stage together, so their chains interleave, and each stage is whole
+// vectors: 16 keys' scores are reduced together into one vector (a transpose of their partial
+// sums, not one horizontal sum per key), the exp is an inline polynomial, each value row is
+// loaded once for all the heads, and the value sums stay in registers for the whole block.
+// Both forms compute the same sums in float32, in a different order (within ~1e-6 of each
+// other).
 #pragma once
 
 #include <algorithm>
