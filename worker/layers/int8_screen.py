@@ -76,16 +76,20 @@ class Int8ScreenedArgmax:
         if not (groups - 1) * GROUP_ROWS < vocab_size <= groups * GROUP_ROWS:
             raise ValueError(f"{groups} tile groups do not hold {vocab_size} rows")
         # |w_j| of every row, padding included, in float64 a slice of 16 groups at a time:
-        # slices of 256 (19 MB in float64) left ~37 MB more in the worker's resident memory
-        norms, largest = [], 0.0
+        # slices of 256 (19 MB in float64) left ~37 MB more in the worker's resident memory.
+        # Each slice's norms go into one tensor allocated before the loop: kept as a list of
+        # small tensors, each landed above its slice's freed ~1 MB scratch on glibc's heap and
+        # pinned it there (~215 MiB resident on SmolLM2's head once glibc's mmap threshold had
+        # risen past the scratch's size, which depends on what the process freed before).
+        norms = torch.empty(groups * GROUP_ROWS, dtype=torch.float64)
+        largest = 0.0
         for start in range(0, groups, NORM_SLICE):
             stop = min(start + NORM_SLICE, groups)
-            w = torch.ops.kvledger_quant.dequantize_rows16(
-                tiles, Q8_0, in_features, torch.arange(start * GROUP_ROWS, stop * GROUP_ROWS)
-            )
-            norms.append(w.double().norm(dim=1))
+            rows = torch.arange(start * GROUP_ROWS, stop * GROUP_ROWS)
+            w = torch.ops.kvledger_quant.dequantize_rows16(tiles, Q8_0, in_features, rows)
+            norms[start * GROUP_ROWS : stop * GROUP_ROWS] = w.double().norm(dim=1)
             largest = max(largest, float(w.abs().max()))
-        self.norms = (torch.cat(norms) * ROUND_UP).float()
+        self.norms = (norms * ROUND_UP).float()
         self.slack = (in_features * largest + 1.0) * 2.0**-120  # subnormal products
         self.max_norm = float(self.norms.max())
         self.max_groups = max(1, int(groups * MAX_CANDIDATE_GROUP_SHARE))

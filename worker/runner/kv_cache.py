@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from kvledger.config.worker import KV_CACHE_DTYPES
+from worker.runner.heap import release_free_heap
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,9 @@ class KVCache:
 
     @classmethod
     def allocate(cls, shape: KVShape, num_blocks: int, device: torch.device) -> KVCache:
+        # Loading the weights left freed scratch on the C heap: back to the OS before the pool
+        # stacks on top of it (worker/runner/heap.py).
+        release_free_heap()
         # Zeroed, not empty: padded reads are masked, but 0 * NaN from garbage memory is NaN.
         data = torch.zeros(
             2,
