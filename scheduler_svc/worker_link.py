@@ -24,14 +24,24 @@ EMPTY_OUTPUT = SchedulerOutput(
 
 
 # A bundle stops growing where the worker's recent step time says it would run longer than
-# this: tokens then stream at least every ~50 ms. Bundles pay where a step is short next to
-# the per-message costs (tiny-llama: 2-8 ms steps, ~1 ms of CPU per message across the
-# processes); a 300M model's 40 ms step gained 1% from them while its stream came in 160 ms
-# chunks, so there they stop at one step.
+# its budget: BUNDLE_BUDGET_S, or STREAM_BUDGET_S for each request the step decodes if that is
+# more. Bundles pay where a step is short next to the per-message costs (tiny-llama: 2-8 ms
+# steps, ~1 ms of CPU per message across the processes). Those costs grow with the streams a
+# message carries: each takes the scheduler and the frontend ~0.25 ms of CPU a message
+# (SmolLM2 at c=16: 0.12 cores beside 33 ms steps), so a budget of 8 ms a stream holds them
+# to ~3% of a step's time however slow the step. One stream of a slow model (a 300M model's
+# 40 ms step gained 1% at c=1 from bundles of 4 while its stream came in 160 ms chunks) keeps
+# the 50 ms floor: it runs a step a plan and streams every token as it comes.
 BUNDLE_BUDGET_S = 0.05
+STREAM_BUDGET_S = 0.008
 # The step time a bundle is sized by: a moving average of the worker's decode-only steps, each
 # new one weighing this much (about the last five steps), so one slow step does not end bundling.
 STEP_TIME_SMOOTHING = 0.2
+
+
+def bundle_budget_s(streams: int) -> float:
+    """The longest a bundle of decode steps for `streams` requests may run (see above)."""
+    return max(BUNDLE_BUDGET_S, STREAM_BUDGET_S * streams)
 
 
 def _decodes_only(out: SchedulerOutput) -> bool:
@@ -189,8 +199,8 @@ class WorkerLink:
     def _may_follow(self, out: SchedulerOutput, size: int) -> bool:
         """Another step joins the bundle (making it `size` steps) only behind a step of
         single-token decodes, with no waiting request that a plan could seat, with a free
-        block for each running request, and while the bundle would take at most
-        BUNDLE_BUDGET_S: a prefill's first token is not held back, a newcomer is not kept out
+        block for each running request, and while the bundle would take at most its budget
+        (`bundle_budget_s`): a prefill's first token is not held back, a newcomer is not kept out
         of a free seat for a bundle, a step planned ahead never preempts (that would throw
         away the tokens its victim samples in the steps before), and a slow model's stream is
         not chunked for no gain. (A bundle (or step) already in flight still runs first.)"""
@@ -200,7 +210,7 @@ class WorkerLink:
             _decodes_only(out)
             and (sched.num_waiting == 0 or seated)
             and sched.kv.num_free_blocks >= sched.num_running
-            and size * self.step_s <= BUNDLE_BUDGET_S
+            and size * self.step_s <= bundle_budget_s(len(out.cont))
         )
 
     def apply_result(self, result: worker_pb2.StepResult) -> None:
