@@ -52,14 +52,20 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def build_name() -> str:
-    """A digest of the sources, their directory, torch's version and the CPU's flags. The
-    directory is in it because ninja's build file names the sources by path: two checkouts
-    sharing one cache would otherwise rebuild the same module in turn."""
+# fast math lets GCC vectorize expf (glibc libmvec) and the dot products' sums
+FLAGS = ("-O3", "-march=native", "-ffast-math")
+
+
+def build_name(flags: tuple[str, ...] = FLAGS) -> str:
+    """A digest of the sources, their directory, the compiler flags, torch's version and the
+    CPU's flags. The directory is in it because ninja's build file names the sources by path:
+    two checkouts sharing one cache would otherwise rebuild the same module in turn. The
+    compiler flags are, because a build found by name (KVLEDGER_PREBUILT_KERNELS) is imported
+    without asking torch's builder, which would have rebuilt it for other flags."""
     digest = hashlib.sha256(str(SOURCES[0].parent).encode())
     for path in (*SOURCES, *HEADERS):
         digest.update(path.read_bytes())
-    for part in (torch.__version__.encode(), _cpu_flags().encode()):
+    for part in (" ".join(flags).encode(), torch.__version__.encode(), _cpu_flags().encode()):
         digest.update(part)
     return f"kvledger_cpu_ops_{digest.hexdigest()[:12]}"
 
@@ -97,8 +103,7 @@ def _prebuilt(name: str) -> ModuleType | None:
 
 
 def _build() -> ModuleType | str:
-    # fast math lets GCC vectorize expf (glibc libmvec) and the dot products' sums
-    return build_extension(build_name(), SOURCES, ["-O3", "-march=native", "-ffast-math"])
+    return build_extension(build_name(), SOURCES, list(FLAGS))
 
 
 def build_extension(name: str, sources: list[Path], flags: list[str]) -> ModuleType | str:

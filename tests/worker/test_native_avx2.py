@@ -20,10 +20,9 @@ X86_64_V3 = {"avx2", "fma", "bmi1", "bmi2", "f16c", "movbe"}
 def modules():
     if platform.machine() != "x86_64" or not set(native._cpu_flags().split()) >= X86_64_V3:
         pytest.skip("needs an x86-64 CPU that runs x86-64-v3 (AVX2, FMA) code")
-    name = native.build_name().replace("kvledger_cpu_ops_", "kvledger_cpu_ops_v3_")
-    portable = native.build_extension(
-        name, native.SOURCES, ["-O3", "-march=x86-64-v3", "-ffast-math"]
-    )
+    flags = ("-O3", "-march=x86-64-v3", "-ffast-math")
+    name = native.build_name(flags).replace("kvledger_cpu_ops_", "kvledger_cpu_ops_v3_")
+    portable = native.build_extension(name, native.SOURCES, list(flags))
     assert not isinstance(portable, str), portable  # this machine has a compiler
     built = native.load()
     assert not isinstance(built, str), built

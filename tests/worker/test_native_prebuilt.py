@@ -44,3 +44,13 @@ def test_a_module_of_another_digest_is_never_loaded(tmp_path, monkeypatch):
 def test_without_the_variable_nothing_is_looked_up(monkeypatch):
     monkeypatch.delenv("KVLEDGER_PREBUILT_KERNELS", raising=False)
     assert native._prebuilt(native.build_name()) is None
+
+
+def test_the_digest_names_the_compiler_flags():
+    """A build of other flags is another module: found by name under KVLEDGER_PREBUILT_KERNELS
+    (no builder asked), the old build must not pass for the new one."""
+    from worker.quant import kernels
+
+    assert native.build_name() == native.build_name(native.FLAGS)
+    assert native.build_name((*native.FLAGS, "-fno-tree-vectorize")) != native.build_name()
+    assert kernels.build_name((*kernels.FLAGS, "-g")) != kernels.build_name()

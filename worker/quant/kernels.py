@@ -49,12 +49,16 @@ _lock = threading.Lock()
 _loaded: dict[str, ModuleType | str] = {}
 
 
-def build_name() -> str:
-    """A digest of the sources, their directory (as in `native.build_name`) and torch's
-    version: not of the CPU, the build is portable."""
+FLAGS = ("-O3", "-ffast-math", "-fno-finite-math-only")
+
+
+def build_name(flags: tuple[str, ...] = FLAGS) -> str:
+    """A digest of the sources, their directory and compiler flags (as in `native.build_name`)
+    and torch's version: not of the CPU, the build is portable."""
     digest = hashlib.sha256(torch.__version__.encode() + str(CSRC).encode())
     for path in (*SOURCES, *HEADERS):
         digest.update(path.read_bytes())
+    digest.update(" ".join(flags).encode())
     return f"kvledger_quant_ops_{digest.hexdigest()[:12]}"
 
 
@@ -62,9 +66,7 @@ def load() -> ModuleType | str:
     """The compiled module (its operators registered), or why it could not be built."""
     with _lock:
         if "module" not in _loaded:
-            module = native.build_extension(
-                build_name(), SOURCES, ["-O3", "-ffast-math", "-fno-finite-math-only"]
-            )
+            module = native.build_extension(build_name(), SOURCES, list(FLAGS))
             if not isinstance(module, str):
                 _register_fakes()
             _loaded["module"] = module
