@@ -6,6 +6,7 @@ sequence position, so a request recomputed on another worker yields the same tok
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import grpc
@@ -14,6 +15,7 @@ import pytest
 from protos import frontend_pb2
 from tests.service.helpers import (
     VOCAB,
+    GatedRunner,
     ScoringRunner,
     Worker,
     expected_tokens,
@@ -154,19 +156,39 @@ def assert_scored_once(prompt_ids: list[int], got: list[frontend_pb2.TokenLogpro
     assert [e.logprob for e in got] == pytest.approx([-p / 100 for p in range(1, len(prompt_ids))])
 
 
+class GatedScoringRunner(GatedRunner, ScoringRunner):
+    """Scores prompts, and holds the step computing position `at` of request `rid`."""
+
+    def __init__(self, rid: str, at: int) -> None:
+        GatedRunner.__init__(self, rid, at)
+        ScoringRunner.__init__(self)
+
+
 def test_prompt_logprobs_of_a_chunked_prefill_arrive_once_across_preemption():
     # A budget of 64 tokens splits the 100-token prompt in two; 30 blocks of 4 tokens cannot
-    # hold both requests to the end, so the later one (b) is preempted and recomputed.
+    # hold both requests to the end, so the later one (b) is preempted and recomputed. The
+    # worker holds a's 6th token until b has arrived: a then has ~40 tokens left however many
+    # steps a bundle plans, more than b's 22 steps, so the pool runs out with both running.
+    runner = GatedScoringRunner("a", at=25)
     with running_scheduler() as scheduler:
-        worker = Worker(scheduler.target, "w0", num_blocks=30, runner=ScoringRunner())
+        worker = Worker(scheduler.target, "w0", num_blocks=30, runner=runner)
         try:
             wait_for(lambda: scheduler.engine.links)
             first = generate(scheduler.target, "a", list(range(1, 21)), 60)
             next(first)
             prompt = list(range(200, 300))
-            tokens, got, first_token_at = collect(
-                generate(scheduler.target, "b", prompt, 20, sampling=scoring())
+            got_b: list = []
+            b = threading.Thread(
+                target=lambda: got_b.append(
+                    collect(generate(scheduler.target, "b", prompt, 20, sampling=scoring()))
+                )
             )
+            b.start()
+            assert runner.reached.wait(10)
+            wait_for(lambda: scheduler.call(lambda: "b" in scheduler.engine.links["w0"].live))
+            runner.release.set()
+            b.join(30)
+            tokens, got, first_token_at = got_b[0]
             assert tokens == expected_tokens(100, 20)
             assert first_token_at == 0, "every prompt logprob comes with the first token"
             assert_scored_once(prompt, got)
@@ -177,6 +199,7 @@ def test_prompt_logprobs_of_a_chunked_prefill_arrive_once_across_preemption():
             assert preemptions >= 1, "the test must preempt to mean anything"
             wait_for(lambda: ledger_idle(scheduler))
         finally:
+            runner.release.set()
             worker.stop()
 
 
