@@ -62,7 +62,7 @@ class EngineConfig:
     )
     # decode steps sent to a worker in one message (bundles: scheduler_svc/worker_link.py)
     num_scheduler_steps: int = option(
-        4,
+        8,
         "decode steps planned at once and sent to a worker in one message, while every "
         "running request decodes and none waits: fewer messages per token, tokens streamed "
         "in groups of up to this many; 1 = a message per step",
