@@ -201,9 +201,13 @@ class WorkerLink:
         single-token decodes, with no waiting request that a plan could seat, with a free
         block for each running request, and while the bundle would take at most its budget
         (`bundle_budget_s`): a prefill's first token is not held back, a newcomer is not kept out
-        of a free seat for a bundle, a step planned ahead never preempts (that would throw
-        away the tokens its victim samples in the steps before), and a slow model's stream is
-        not chunked for no gain. (A bundle (or step) already in flight still runs first.)"""
+        of a free seat for a bundle, a step planned ahead never preempts for want of a block
+        (that would throw away the tokens its victim samples in the steps before), and a slow
+        model's stream is not chunked for no gain. (A bundle (or step) already in flight still
+        runs first. Under the fair policy a waiting head with no seat may still take one from
+        a loaded tenant at the next step of a bundle, core/fair.py: the victim's tokens of the
+        bundle's earlier steps are dropped and recomputed, the price of the head waiting one
+        step, not a bundle.)"""
         sched = self.scheduler
         seated = sched.num_running >= sched.config.max_num_seqs
         return (
