@@ -34,6 +34,10 @@ cache's help. The other runs start with one warm-up request on a prompt they do 
 (an engine that caches whole prompts would serve that one from its cache). Prints the CPU,
 output tokens/s and TTFT per engine and concurrency with ratios, and the peak resident memory
 (VmHWM) of every process. vLLM's CPU build needs AVX-512.
+
+`--rounds N` runs every engine N times, each round starting one engine later, prints each
+round's table, then each ratio of every round and its median: on a VM whose speed drifts by
+20% or more within minutes, one round's ratio can be far from the median of three.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -58,7 +64,7 @@ from benchmarks.peer_runs import (  # noqa: E402
     process_name,
     workloads,
 )
-from benchmarks.peers_report import print_table  # noqa: E402
+from benchmarks.peers_report import print_rounds, print_table  # noqa: E402
 from benchmarks.vllm_cpu import greedy_tokens, hf_checkpoint_of, vllm_server  # noqa: E402
 from kvledger.models import (  # noqa: E402
     SMOLLM2,
@@ -230,30 +236,57 @@ def main() -> None:
         help="transformers' dtype (default float32), and kvledger's unless --serve-args gives "
         "--dtype (default float32; smollm2: serve's own default)",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every engine this many times, each round in another order, and print each "
+        "ratio's median over the rounds (a VM's speed drifts between an engine's run and the "
+        "next: one round's ratios can be off by 20-40%%)",
+    )
     args = ap.parse_args()
     model = model_dir(args.size)
     runs = workloads(
         model, args.size, args.requests, args.c1_requests, args.cold_requests, args.max_tokens
     )
+    jobs = engine_jobs(args, model, runs)
+    reports = []
+    for r in range(args.rounds):
+        done = {}
+        turn = r % max(len(jobs), 1)
+        for name, job in jobs[turn:] + jobs[:turn]:
+            done[name] = job()
+        reports.append({name: done[name] for name, _ in jobs})  # the table's order each round
+        print_table(reports[-1], args, model)
+    if args.rounds > 1:
+        print_rounds(reports)
+    if args.json:
+        figures = reports[0] if args.rounds == 1 else {"rounds": reports}
+        Path(args.json).write_text(json.dumps(figures, default=lambda o: o.row(), indent=2))
+
+
+def engine_jobs(
+    args: argparse.Namespace, model: Path, runs: list
+) -> list[tuple[str, Callable[[], dict]]]:
+    """(row name, the run that fills the row) for every engine asked for and found."""
     wl, c1 = runs[0].workload, runs[1].workload
     engines = args.engines.split(",")
-    report: dict[str, dict] = {}
+    jobs: list[tuple[str, Callable[[], dict]]] = []
     if "kvledger" in engines:
         serve_args = f"--device {args.device} {args.serve_args}"
         dtype = args.dtype or (None if args.size == REAL else "float32")
         if dtype and "--dtype" not in args.serve_args:
             serve_args += f" --dtype {dtype}"
         for extra in ["", *args.kvledger_args]:
-            name = f"kvledger {extra}".strip()
-            report[name] = run_kvledger(
-                model, args.size, runs, args.threads, f"{serve_args} {extra}", name
+            name, flags = f"kvledger {extra}".strip(), f"{serve_args} {extra}"
+            jobs.append(
+                (name, partial(run_kvledger, model, args.size, runs, args.threads, flags, name))
             )
     if "llama.cpp" in engines:
         if args.llama_server and Path(args.llama_server).exists():
             for name, gguf in llama_cpp_files(model, args):
-                report[name] = run_llama_cpp(
-                    args.llama_server, gguf, runs, args.threads, wl, args.llama_server_args
-                )
+                run = (args.llama_server, gguf, runs, args.threads, wl, args.llama_server_args)
+                jobs.append((name, partial(run_llama_cpp, *run)))
         else:
             print(
                 "llama.cpp skipped: give --llama-server PATH (see docs/benchmarks.md)",
@@ -261,16 +294,14 @@ def main() -> None:
             )
     if "vllm" in engines:
         if args.vllm_python and Path(args.vllm_python).exists():
-            report["vllm"] = run_vllm(args.vllm_python, model, args.size, runs, args.threads, wl)
+            run = (args.vllm_python, model, args.size, runs, args.threads, wl)
+            jobs.append(("vllm", partial(run_vllm, *run)))
         else:
             print("vLLM skipped: give --vllm-python PATH (see docs/benchmarks.md)", file=sys.stderr)
     if "transformers" in engines:
-        report["transformers"] = run_transformers(
-            model, wl, c1, args.threads, args.device, args.dtype or "float32"
-        )
-    print_table(report, args, model)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, default=lambda o: o.row(), indent=2))
+        run = (model, wl, c1, args.threads, args.device, args.dtype or "float32")
+        jobs.append(("transformers", partial(run_transformers, *run)))
+    return jobs
 
 
 def llama_cpp_files(model: Path, args: argparse.Namespace) -> list[tuple[str, Path]]:

@@ -8,6 +8,7 @@ same first tokens; a quantized file may not).
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
 
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
@@ -34,10 +35,7 @@ def print_table(report: dict, args: argparse.Namespace, model: Path) -> None:
         return report.get(engine, {}).get("summaries", {}).get(c)
 
     def tok_s(engine: str, c: int) -> float | None:
-        if engine == "transformers":
-            return report[engine]["tok_s"].get(str(c))
-        s = summary(engine, c)
-        return s.output_tok_s if s else None
+        return _tok_s(report, engine, c)
 
     def ttft(engine: str, c: int | str) -> str:
         s = summary(engine, c)
@@ -55,17 +53,9 @@ def print_table(report: dict, args: argparse.Namespace, model: Path) -> None:
         cells = [f"{x:.0f}" if (x := tok_s(engine, c)) else "-" for c in (16, 1)]
         cells += [ttft(engine, c) for c in (16, 1, "cold")]
         print(f"| {engine} | " + " | ".join(cells) + f" | {mem} |")
-    ours = [e for e in report if e.startswith("kvledger")]  # one row per kvledger setting
-    for row in ours:
-        for peer in (p for p in report if p not in ours):
-            ratios = []
-            for c in (16, 1):
-                a, b = tok_s(row, c), tok_s(peer, c)
-                ratios.append(f"c={c} {a / b:.2f}x" if a and b else f"c={c} -")
-            a, b = summary(row, "cold"), summary(peer, "cold")
-            if a and b:  # a time: below 1 is faster
-                ratios.append(f"cold TTFT {a.ttft_ms['p50'] / b.ttft_ms['p50']:.2f}x")
-            print(f"{row} / {peer}: " + ", ".join(ratios))
+    for pair, by in ratios(report).items():
+        cells = [f"{k} {v:.2f}x" if v else f"{k} -" for k, v in by.items()]
+        print(f"{pair}: " + ", ".join(cells))
     for engine in report:
         for c, s in report[engine].get("summaries", {}).items():
             print(
@@ -84,6 +74,53 @@ def print_table(report: dict, args: argparse.Namespace, model: Path) -> None:
             theirs = report[peer]["greedy_tokens"]
             same = [_common_prefix(x, y) for x, y in zip(ours, theirs, strict=True)]
             print(f"{peer}'s first greedy tokens equal to transformers' (of 16, 2 prompts): {same}")
+
+
+def _tok_s(report: dict, engine: str, c: int) -> float | None:
+    """An engine's output tokens/s at concurrency c (None where it did not run)."""
+    if engine == "transformers":
+        return report[engine]["tok_s"].get(str(c))
+    s = report[engine].get("summaries", {}).get(c)
+    return s.output_tok_s if s else None
+
+
+def ratios(report: dict) -> dict[str, dict[str, float | None]]:
+    """Each kvledger row over each peer ("row / peer"): output tokens/s at c=16 and c=1, and
+    the cold run's TTFT p50 (a time: below 1 is faster; only where both ran it)."""
+
+    def cold(engine: str) -> float | None:
+        s = report[engine].get("summaries", {}).get("cold")
+        return s.ttft_ms["p50"] if s else None
+
+    out: dict[str, dict[str, float | None]] = {}
+    ours = [e for e in report if e.startswith("kvledger")]  # one row per kvledger setting
+    for row in ours:
+        for peer in (p for p in report if p not in ours):
+            by: dict[str, float | None] = {}
+            for c in (16, 1):
+                a, b = _tok_s(report, row, c), _tok_s(report, peer, c)
+                by[f"c={c}"] = a / b if a and b else None
+            a, b = cold(row), cold(peer)
+            if a and b:
+                by["cold TTFT"] = a / b
+            out[f"{row} / {peer}"] = by
+    return out
+
+
+def print_rounds(reports: list[dict]) -> None:
+    """With --rounds N: every ratio of every round, and its median. A round runs every engine
+    once (each round in another order), so a ratio pairs figures taken minutes apart, and the
+    median of the rounds holds against the drift of a shared or virtual machine's speed."""
+    each = [ratios(r) for r in reports]
+    print(f"\nratios of {len(reports)} rounds (median first)")
+    for pair, by in each[0].items():
+        cells = []
+        for key in by:
+            got = [r[pair][key] for r in each if r.get(pair, {}).get(key)]
+            if got:
+                listed = " / ".join(f"{v:.2f}" for v in got)
+                cells.append(f"{key} {statistics.median(got):.2f}x ({listed})")
+        print(f"{pair}: " + ", ".join(cells))
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

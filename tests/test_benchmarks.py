@@ -187,6 +187,25 @@ def test_peers_report_gives_every_kvledger_row_its_ratios(capsys):
     assert "kvledger / kvledger --quantization" not in out  # rows of ours are not peers
 
 
+def test_peers_rounds_print_each_ratio_and_its_median(capsys):
+    from benchmarks.load import Summary
+    from benchmarks.peers_report import print_rounds
+
+    def run(tok_s: float) -> dict:
+        ms = {"p50": 1.0, "p90": 2.0, "p99": 3.0}
+        summaries = {
+            c: Summary(f"e c={c}", c, None, 1.0, 1, 1, tok_s * c, 1.0, ms, ms, ms, None)
+            for c in (16, 1)
+        }
+        return {"summaries": summaries, "memory_mib": {"p": 100.0}}
+
+    rounds = [{"kvledger": run(a), "vllm": run(100.0)} for a in (300.0, 150.0, 210.0)]
+    print_rounds(rounds)
+    out = capsys.readouterr().out
+    assert "ratios of 3 rounds (median first)" in out
+    assert "kvledger / vllm: c=16 2.10x (3.00 / 1.50 / 2.10), c=1 2.10x (3.00 / 1.50 / 2.10)" in out
+
+
 def test_peers_report_checks_every_peers_greedy_tokens_against_transformers(capsys):
     import argparse
     from pathlib import Path
