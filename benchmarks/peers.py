@@ -35,9 +35,8 @@ cache's help. The other runs start with one warm-up request on a prompt they do 
 output tokens/s and TTFT per engine and concurrency with ratios, and the peak resident memory
 (VmHWM) of every process. vLLM's CPU build needs AVX-512.
 
-`--rounds N` runs every engine N times, each round starting one engine later, prints each
-round's table, then each ratio of every round and its median: on a VM whose speed drifts by
-20% or more within minutes, one round's ratio can be far from the median of three.
+`--rounds N`: every engine N times, each round starting one engine later, then each ratio's
+median over the rounds (a VM's speed drifts 20% or more within minutes).
 """
 
 from __future__ import annotations
@@ -76,6 +75,7 @@ from kvledger.models import (  # noqa: E402
 )
 from tests.serving import descendants, start_serve  # noqa: E402
 
+Job = tuple[str, Callable[[], dict]]  # a row's name, and the run that fills it
 SIZES = {
     "tiny": None,  # kvledger's default tiny-llama
     "300m": TinyLlamaRecipe(
@@ -241,8 +241,7 @@ def main() -> None:
         type=int,
         default=1,
         help="run every engine this many times, each round in another order, and print each "
-        "ratio's median over the rounds (a VM's speed drifts between an engine's run and the "
-        "next: one round's ratios can be off by 20-40%%)",
+        "ratio's median over the rounds (one round's ratios can be off by 20-40%% on a VM)",
     )
     args = ap.parse_args()
     model = model_dir(args.size)
@@ -265,13 +264,11 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(figures, default=lambda o: o.row(), indent=2))
 
 
-def engine_jobs(
-    args: argparse.Namespace, model: Path, runs: list
-) -> list[tuple[str, Callable[[], dict]]]:
+def engine_jobs(args: argparse.Namespace, model: Path, runs: list) -> list[Job]:
     """(row name, the run that fills the row) for every engine asked for and found."""
     wl, c1 = runs[0].workload, runs[1].workload
     engines = args.engines.split(",")
-    jobs: list[tuple[str, Callable[[], dict]]] = []
+    jobs: list[Job] = []
     if "kvledger" in engines:
         serve_args = f"--device {args.device} {args.serve_args}"
         dtype = args.dtype or (None if args.size == REAL else "float32")

@@ -188,6 +188,7 @@ def test_prompt_logprobs_of_a_chunked_prefill_arrive_once_across_preemption():
             wait_for(lambda: scheduler.call(lambda: "b" in scheduler.engine.links["w0"].live))
             runner.release.set()
             b.join(30)
+            assert got_b, "b's stream did not complete"
             tokens, got, first_token_at = got_b[0]
             assert tokens == expected_tokens(100, 20)
             assert first_token_at == 0, "every prompt logprob comes with the first token"
