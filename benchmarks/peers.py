@@ -264,7 +264,7 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(figures, default=lambda o: o.row(), indent=2))
 
 
-def engine_jobs(args: argparse.Namespace, model: Path, runs: list) -> list[Job]:
+def engine_jobs(args: argparse.Namespace, model: Path, runs: list[Run]) -> list[Job]:
     """(row name, the run that fills the row) for every engine asked for and found."""
     wl, c1 = runs[0].workload, runs[1].workload
     engines = args.engines.split(",")

@@ -155,27 +155,31 @@ def test_the_json_schema_comparison_cannot_end_before_max_tokens():
     assert json.loads(wl.extra_body) == body
 
 
+def engine_run(tok_s: float) -> dict:
+    """One engine's figures as peers.py reports them: `tok_s` at c=1, 16x it at c=16, and a
+    cold TTFT that falls as `tok_s` rises (faster engines start sooner)."""
+    from benchmarks.load import Summary
+
+    ms = {"p50": 1.0, "p90": 2.0, "p99": 3.0}
+    summaries = {
+        c: Summary(f"e c={c}", c, None, 1.0, 1, 1, tok_s * c, 1.0, ms, ms, ms, None)
+        for c in (16, 1)
+    }
+    cold_ms = {k: 1000.0 / tok_s for k in ms}
+    summaries["cold"] = Summary("e cold", 1, None, 1.0, 1, 1, 1.0, 1.0, cold_ms, ms, ms, None)
+    return {"summaries": summaries, "memory_mib": {"p": 100.0}}
+
+
 def test_peers_report_gives_every_kvledger_row_its_ratios(capsys):
     import argparse
     from pathlib import Path
 
-    from benchmarks.load import Summary
     from benchmarks.peers_report import print_table
 
-    def run(tok_s: float) -> dict:
-        ms = {"p50": 1.0, "p90": 2.0, "p99": 3.0}
-        summaries = {
-            c: Summary(f"e c={c}", c, None, 1.0, 1, 1, tok_s * c, 1.0, ms, ms, ms, None)
-            for c in (16, 1)
-        }
-        cold_ms = {k: 1000.0 / tok_s for k in ms}  # faster engines start sooner
-        summaries["cold"] = Summary("e cold", 1, None, 1.0, 1, 1, 1.0, 1.0, cold_ms, ms, ms, None)
-        return {"summaries": summaries, "memory_mib": {"p": 100.0}}
-
     report = {
-        "kvledger": run(200.0),
-        "kvledger --quantization=gguf-int8": run(300.0),
-        "llama.cpp Q4_1": run(100.0),
+        "kvledger": engine_run(200.0),
+        "kvledger --quantization=gguf-int8": engine_run(300.0),
+        "llama.cpp Q4_1": engine_run(100.0),
     }
     args = argparse.Namespace(threads=2, device="cpu", dtype=None)
     print_table(report, args, Path("m.gguf"))
@@ -188,22 +192,14 @@ def test_peers_report_gives_every_kvledger_row_its_ratios(capsys):
 
 
 def test_peers_rounds_print_each_ratio_and_its_median(capsys):
-    from benchmarks.load import Summary
     from benchmarks.peers_report import print_rounds
 
-    def run(tok_s: float) -> dict:
-        ms = {"p50": 1.0, "p90": 2.0, "p99": 3.0}
-        summaries = {
-            c: Summary(f"e c={c}", c, None, 1.0, 1, 1, tok_s * c, 1.0, ms, ms, ms, None)
-            for c in (16, 1)
-        }
-        return {"summaries": summaries, "memory_mib": {"p": 100.0}}
-
-    rounds = [{"kvledger": run(a), "vllm": run(100.0)} for a in (300.0, 150.0, 210.0)]
+    rounds = [{"kvledger": engine_run(a), "vllm": engine_run(100.0)} for a in (300.0, 150.0, 210.0)]
     print_rounds(rounds)
     out = capsys.readouterr().out
     assert "ratios of 3 rounds (median first)" in out
     assert "kvledger / vllm: c=16 2.10x (3.00 / 1.50 / 2.10), c=1 2.10x (3.00 / 1.50 / 2.10)" in out
+    assert "cold TTFT 0.48x (0.33 / 0.67 / 0.48)" in out  # a time: the faster, the lower
 
 
 def test_peers_report_checks_every_peers_greedy_tokens_against_transformers(capsys):
