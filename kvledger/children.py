@@ -10,6 +10,7 @@ tests/test_flags.py holds every child's argv to them: the flags serve sets per p
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +141,25 @@ def required_models(args: argparse.Namespace) -> list[str]:
     if args.embedding_model != "none":
         models.append(args.embedding_model)
     return models
+
+
+def expected_workers(args: argparse.Namespace) -> Counter[str]:
+    """How many workers of each model serve starts (a tensor-parallel worker counts once)."""
+    expected = Counter({served_model_name(args): args.num_workers})
+    if args.embedding_model != "none":
+        expected[args.embedding_model] += 1
+    return expected
+
+
+def scheduler_metrics_url(args: argparse.Namespace) -> str:
+    """Where serve reads the scheduler's metrics (any-address binds are read on loopback)."""
+    host = args.metrics_host
+    if host in ("0.0.0.0", "::", "localhost"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    port = args.metrics_port or DEFAULT_METRICS_PORT[SCHEDULER]
+    return f"http://{host}:{port}/metrics"
 
 
 def plan(args: argparse.Namespace) -> list[ChildSpec]:

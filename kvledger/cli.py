@@ -13,10 +13,21 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvledger.children import SERVE_ONLY_FLAGS, ChildSpec, plan, required_models, serve_parser
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvledger.children import (
+    SERVE_ONLY_FLAGS,
+    ChildSpec,
+    expected_workers,
+    plan,
+    required_models,
+    scheduler_metrics_url,
+    serve_parser,
+)
 from kvledger.flag_values import fill_list_defaults, warn_secrets_on_command_line
 from kvledger.flags import FLAGS
 from kvledger.log import setup_logging
@@ -80,7 +91,12 @@ def _supervise(children: list[Child]) -> bool:
     return True
 
 
-def _wait_healthy(url: str, children: list[Child], stopping: dict) -> bool:
+def _wait_ready(
+    url: str, metrics_url: str, expected: Counter[str], children: list[Child], stopping: dict
+) -> bool:
+    """Until the frontend's /health is 200 and every worker serve started has registered.
+    /health needs one worker of each model (a probe's question: can it serve?); serve waits
+    for all of them, so `--num-workers 2` means two serving workers when it says so."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if stopping["signal"] is not None:
@@ -92,15 +108,34 @@ def _wait_healthy(url: str, children: list[Child], stopping: dict) -> bool:
                     "%s exited with code %s during startup", child.name, child.process.returncode
                 )
                 return False
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
-                if reply.status == 200:
-                    return True
-        except (urllib.error.URLError, OSError):
-            pass
+        if _healthy(url) and not expected - _workers_connected(metrics_url):
+            return True
         time.sleep(0.25)
-    log.error("not healthy after %d s", STARTUP_TIMEOUT_SECONDS)
+    log.error("not ready after %d s", STARTUP_TIMEOUT_SECONDS)
     return False
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _workers_connected(metrics_url: str) -> Counter[str]:
+    """The scheduler's `kvledger_workers_connected`, per model (empty while it does not answer)."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=2) as reply:
+            text = reply.read().decode()
+    except (urllib.error.URLError, OSError):
+        return Counter()
+    connected: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        if family.name == "kvledger_workers_connected":
+            for sample in family.samples:
+                connected[sample.labels["model"]] += int(sample.value)
+    return connected
 
 
 def _stop_all(children: list[Child], grace: float) -> None:
@@ -152,8 +187,9 @@ def serve(argv: Sequence[str]) -> int:
         required = required_models(args)
         host = "localhost" if args.host in ("0.0.0.0", "127.0.0.1") else args.host
         url = f"http://{host}:{args.port}"
-        if not _wait_healthy(
-            f"http://127.0.0.1:{args.port}" if host == "localhost" else url, children, stopping
+        local = f"http://127.0.0.1:{args.port}" if host == "localhost" else url
+        if not _wait_ready(
+            local, scheduler_metrics_url(args), expected_workers(args), children, stopping
         ):
             return 0 if stopping["signal"] is not None else 1
         ready = f"kvledger is serving {', '.join(required)} at {url}  (OpenAI API under {url}/v1)"

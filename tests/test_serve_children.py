@@ -3,9 +3,15 @@ environment), or one of the named exceptions of kvledger/children.py."""
 
 from __future__ import annotations
 
-from kvledger import children
+from collections import Counter
+
+from prometheus_client import CollectorRegistry, Gauge
+
+from kvledger import children, cli
 from kvledger.flag_values import fill_list_defaults, flag_argv
 from kvledger.flags import FLAGS, FRONTEND, SCHEDULER, WORKER, flags_for, parse
+from kvledger.metrics_http import start_metrics_server
+from tests.serving import free_port
 
 
 def _unusual(flag):
@@ -124,3 +130,39 @@ def test_tensor_parallel_size_has_vllms_short_name_and_skips_the_embedding_worke
     assert by_name["worker-1"].tensor_parallel_size == 2
     assert by_name["embed-0"].tensor_parallel_size == 1
     assert "-tp" not in specs[1].argv and "--tensor-parallel-size" in specs[1].argv
+
+
+def test_serve_waits_for_every_worker_it_starts_by_model():
+    """`--num-workers 2` means two workers of the model (a tensor-parallel worker counts once)
+    and one embedding worker unless it is 'none'; their registrations are read from the
+    scheduler's metrics, on loopback when it binds every address."""
+    args = children.serve_parser().parse_args(["--num-workers", "2", "-tp", "2"])
+    fill_list_defaults(args, [*FLAGS, *children.SERVE_ONLY_FLAGS])
+    assert children.expected_workers(args) == {args.model: 2, args.embedding_model: 1}
+    assert children.scheduler_metrics_url(args) == "http://127.0.0.1:9400/metrics"
+    argv = ["--served-model-name", "m", "--embedding-model", "none", "--metrics-host", "0.0.0.0"]
+    args = children.serve_parser().parse_args([*argv, "--metrics-port", "9500"])
+    fill_list_defaults(args, [*FLAGS, *children.SERVE_ONLY_FLAGS])
+    assert children.expected_workers(args) == {"m": 1}
+    assert children.scheduler_metrics_url(args) == "http://127.0.0.1:9500/metrics"
+
+
+def test_serve_reads_workers_connected_from_a_live_metrics_endpoint():
+    """What serve's readiness compares with expected_workers: the scheduler's gauge, per model,
+    from a real Prometheus endpoint; nothing while the endpoint does not answer."""
+    registry = CollectorRegistry()
+    gauge = Gauge("kvledger_workers_connected", "w", ["model"], registry=registry)
+    gauge.labels("tiny-llama").set(2)
+    gauge.labels("embedder").set(0)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    assert cli._workers_connected(url) == {}
+    server = start_metrics_server(port, "127.0.0.1", registry)
+    try:
+        connected = cli._workers_connected(url)
+        assert connected == {"tiny-llama": 2, "embedder": 0}
+        assert not Counter({"tiny-llama": 2}) - connected
+        assert Counter({"tiny-llama": 2, "embedder": 1}) - connected == {"embedder": 1}
+    finally:
+        server.shutdown()
+        server.server_close()

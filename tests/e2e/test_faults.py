@@ -21,6 +21,9 @@ PROMPTS = [f"request number {i} asks the ledger for a long answer" for i in rang
 def test_kill_9_a_worker_mid_stream_requests_finish_on_the_other(tmp_path):
     served = start_serve(tmp_path, "--num-workers", "2", "--num-kv-blocks", "256")
     try:
+        # serve says it is serving once both workers registered, not at the first one's /health
+        samples = scrape(served.scheduler_metrics_url)
+        assert metric_sum(samples, "kvledger_workers_connected", model=MODEL) == 2
         client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
         kwargs = dict(model=MODEL, max_tokens=60, temperature=0, extra_body={"ignore_eos": True})
         reference = [client.completions.create(prompt=p, **kwargs).choices[0].text for p in PROMPTS]

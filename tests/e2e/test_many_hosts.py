@@ -46,6 +46,13 @@ def start_worker(pki: dict, target: str, log: Path, *args: str):  # noqa: ANN201
     )
 
 
+def wait_workers(url: str, model: str, count: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while metric_sum(scrape(url), "kvledger_workers_connected", model=model) < count:
+        assert time.monotonic() < deadline, f"{count} workers of {model} never connected"
+        time.sleep(0.2)
+
+
 def ledger_idle(url: str, timeout: float = 30) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     names = ("kv_blocks_in_use", "tracker_entries", "num_requests_running", "num_requests_waiting")
@@ -97,6 +104,10 @@ def test_two_frontends_three_workers_over_mutual_tls_survive_a_lost_worker(tmp_p
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     for url in urls:
         wait_status(f"{url}/health", 200, timeout=180)
+    # /health answers once one worker of each required model is up; the big worker must be too,
+    # or the small one's requests have nowhere to go when it is killed (a 503, by design).
+    metrics_url = f"http://127.0.0.1:{scheduler_metrics}/metrics"
+    wait_workers(metrics_url, MODEL, 2)
 
     work = [body(i) for i in range(16)]
     with httpx.Client(base_url=urls[0], timeout=120) as http:
@@ -124,7 +135,6 @@ def test_two_frontends_three_workers_over_mutual_tls_survive_a_lost_worker(tmp_p
     for thread in threads:
         thread.start()
     # Kill the small worker once it holds requests (a fixed delay raced the frontends' parsing).
-    metrics_url = f"http://127.0.0.1:{scheduler_metrics}/metrics"
     deadline = time.monotonic() + 60
     while True:
         samples = scrape(metrics_url)
@@ -152,5 +162,5 @@ def test_two_frontends_three_workers_over_mutual_tls_survive_a_lost_worker(tmp_p
     text = log.read_text()
     lost = re.search(r"worker small lost with (\d+) live requests", text)
     assert lost and int(lost.group(1)) >= 1, "the killed worker held no request: kill it sooner"
-    wait_status(f"{urls[1]}/health", 200)  # the restarted worker registered again
+    wait_workers(metrics_url, MODEL, 2)  # the restarted worker registered again
     assert "INSECURE" not in text
