@@ -168,6 +168,15 @@ def scrape(url: str) -> dict[str, float]:
     return samples
 
 
+def wait_metric(url: str, name: str, value: float, timeout: float = 60, **labels: str) -> None:
+    """Until the sum of `name`'s samples with these labels at `url` reaches `value` (at least):
+    tests gate on what the services report, never on a sleep."""
+    deadline = time.monotonic() + timeout
+    while metric_sum(scrape(url), name, **labels) < value:
+        assert time.monotonic() < deadline, f"{name}{labels} never reached {value} at {url}"
+        time.sleep(0.02)
+
+
 def metric_sum(samples: dict[str, float], name: str, **labels: str) -> float:
     total = 0.0
     for key, value in samples.items():

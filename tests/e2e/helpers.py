@@ -23,7 +23,7 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def idle(served, timeout: float = 3.0) -> bool:
+def idle(served, timeout: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         s = scrape(served.scheduler_metrics_url)

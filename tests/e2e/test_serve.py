@@ -17,7 +17,7 @@ PROMPT = "The quick brown fox jumps over the lazy dog and"
 STACK = SERVE
 
 
-def wait_idle(served, timeout: float = 5.0) -> dict[str, float]:
+def wait_idle(served, timeout: float = 30.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         samples = scrape(served.scheduler_metrics_url)
