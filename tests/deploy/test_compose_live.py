@@ -172,9 +172,9 @@ def test_prometheus_scrapes_every_service_and_the_dashboard_has_data(stack):
         raise AssertionError(f"{err}; the counter's samples: {samples}") from None
 
 
-def _running_by_worker(stack: Stack) -> dict[str, float]:
-    """kvledger_num_requests_running per worker, read inside the scheduler's container (its
-    metrics port is on the internal network only)."""
+def _scheduler_gauge(stack: Stack, name: str, label: str) -> dict[str, float]:
+    """A scheduler gauge by one label, read inside the scheduler's container (its metrics port
+    is on the internal network only)."""
     text = stack.exec(
         "scheduler",
         "python",
@@ -183,10 +183,18 @@ def _running_by_worker(stack: Stack) -> dict[str, float]:
     )
     out: dict[str, float] = {}
     for line in text.splitlines():
-        m = re.match(r'kvledger_num_requests_running\{.*worker="([^"]+)".*\} (\S+)', line)
+        m = re.match(rf'{name}\{{.*{label}="([^"]+)".*\}} (\S+)', line)
         if m:
             out[m.group(1)] = float(m.group(2))
     return out
+
+
+def _running_by_worker(stack: Stack) -> dict[str, float]:
+    return _scheduler_gauge(stack, "kvledger_num_requests_running", "worker")
+
+
+def _workers_connected(stack: Stack) -> float:
+    return _scheduler_gauge(stack, "kvledger_workers_connected", "model").get(MODEL, 0)
 
 
 def _worker_container(stack: Stack, worker_id: str) -> str:
@@ -199,6 +207,9 @@ def _worker_container(stack: Stack, worker_id: str) -> str:
 
 def test_a_worker_crashed_under_16_streams_comes_back_and_no_stream_changes(stack):
     assert len(stack.containers("worker")) == CPU_WORKERS
+    # a container is healthy once its model is loaded; registered is the scheduler's word, and
+    # with one CPU worker registered the victim's streams would have nowhere to go
+    wait_for(lambda: _workers_connected(stack) == CPU_WORKERS, "both CPU workers", timeout=240)
     prompts = [f"Stream {i} asks the ledger about block {i * 7}." for i in range(STREAMS)]
     bodies = [_body(p, MAX_TOKENS) for p in prompts]
     with _client(stack) as http, concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:

@@ -18,7 +18,7 @@ import time
 import httpx
 
 from tests.e2e.helpers import cmdline
-from tests.serving import descendants, metric_sum, scrape, start_serve
+from tests.serving import descendants, metric_sum, scrape, start_serve, wait_metric
 
 MODEL = "tiny-llama"
 SHARED = "The ledger keeps every block it hands out accounted for, in every state. " * 3
@@ -102,14 +102,16 @@ def test_everything_at_once_leaves_an_exact_ledger(tmp_path):
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
         for thread in threads:
             thread.start()
-        time.sleep(1.0)  # well into the run: both workers hold requests
+        # into the run: the victim holds requests (a fixed delay could kill an idle worker)
+        metrics = served.scheduler_metrics_url
+        wait_metric(metrics, "kvledger_num_requests_running", 2, worker="worker-0")
         os.kill(worker_pid(served, "worker-0"), signal.SIGKILL)
         for thread in threads:
             thread.join(180)
         assert not errors, errors
         assert got == alone
 
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while True:  # the killed worker is restarted; the ledger settles
             samples = scrape(served.scheduler_metrics_url)
             idle = all(

@@ -114,7 +114,11 @@ def test_frontend_keeps_streams_open_through_a_second_ctrl_c(tmp_path):
         assert stream.first_token.wait(60) and stream.events, "no token streamed"
         frontend = _frontend_pid(children)
         os.kill(frontend, signal.SIGINT)
-        time.sleep(0.2)  # two signals before the handler runs would arrive as one
+        # two signals before the handler runs would arrive as one: wait for its log line
+        deadline = time.monotonic() + 30
+        while "frontend stopping (SIGINT)" not in served.log():
+            assert time.monotonic() < deadline, served.log()
+            time.sleep(0.05)
         os.kill(frontend, signal.SIGINT)
         time.sleep(0.5)
         assert stream.is_alive(), (stream.error, served.log())

@@ -102,8 +102,8 @@ def _request(path: str, body: bytes = b"", method: str = "POST") -> bytes:
 
 
 def _partial_header(port: int) -> tuple[socket.socket, float]:
+    start = time.monotonic()  # before the connection: the server's timer cannot start earlier
     sock = socket.create_connection(("127.0.0.1", port))
-    start = time.monotonic()
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
     _trickle(sock, b"Content-Type: application/json\r\n")
     return sock, start
@@ -113,8 +113,8 @@ def _slow_body(port: int, path: str = "/v1/completions", method: str = "POST") -
     sock = socket.create_connection(("127.0.0.1", port))
     whole = _request(path, COMPLETION, method)
     cut = whole.index(b"\r\n\r\n") + 4 + 10
+    start = time.monotonic()  # before the headers: the body's timer cannot start earlier
     sock.sendall(whole[:cut])
-    start = time.monotonic()
     _trickle(sock, whole[cut:])
     return sock, start
 
@@ -150,9 +150,10 @@ def test_headers_trickled_a_byte_a_second_are_cut_at_the_header_deadline(served)
 
 def test_a_connection_that_sends_nothing_is_closed_silently_at_the_header_deadline(served):
     """No 408 there: a client may be about to use it, and must not read one as its answer."""
+    start = time.monotonic()
     sock = socket.create_connection(("127.0.0.1", served.port))
     with sock:
-        ended = read_until_closed(sock, time.monotonic(), HEADER_S + SLACK_S + 1)
+        ended = read_until_closed(sock, start, HEADER_S + SLACK_S + 1)
     _assert_closed_at(ended, HEADER_S)
     assert ended.data == b""
 
@@ -207,9 +208,10 @@ def test_an_idle_kept_alive_connection_lives_by_the_keep_alive_timeout(served):
         sock.sendall(version)
         assert _one_response(sock).startswith(b"HTTP/1.1 200")
         time.sleep(HEADER_S + 0.5)
+        start = time.monotonic()  # before the request whose response arms the keep-alive timer
         sock.sendall(version)
         assert _one_response(sock).startswith(b"HTTP/1.1 200")
-        ended = read_until_closed(sock, time.monotonic(), KEEP_ALIVE_S + SLACK_S + 1)
+        ended = read_until_closed(sock, start, KEEP_ALIVE_S + SLACK_S + 1)
     _assert_closed_at(ended, KEEP_ALIVE_S)
     assert ended.data == b""
 

@@ -93,7 +93,7 @@ def test_killing_a_rank_loses_one_worker_whose_requests_finish_on_the_other(tmp_
             time.sleep(0.01)
         os.kill(victim, signal.SIGKILL)
         killed = time.monotonic()
-        while alive(leader) and time.monotonic() - killed < 10:
+        while alive(leader) and time.monotonic() - killed < 60:  # the collective timeout is 120 s
             time.sleep(0.05)
         assert not alive(leader), "rank 0 outlived its rank 1"
         for t in threads:

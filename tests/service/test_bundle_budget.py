@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
+
+import pytest
 
 from scheduler_svc.worker_link import BUNDLE_BUDGET_S, bundle_budget_s
 from tests.service.helpers import (
@@ -20,25 +23,43 @@ from tests.service.helpers import (
     running_scheduler,
     wait_for,
 )
+from worker import executor
 from worker.runner.batch import SeqChunk
 from worker.sample.sampler import Sample
 
 STEPS = "4"
+STEP_S = 0.03
 
 
 class SlowRunner(PositionRunner):
-    """A model whose step takes 30 ms (a large model's decode step)."""
+    """A model whose step takes 30 ms (a large model's decode step). The executor times each
+    step on `clock`, which advances by exactly that: a loaded machine's late wake-ups change
+    when tokens arrive, never the step time the link measures and bundles by."""
+
+    def __init__(self) -> None:
+        self.clock = 0.0
+
+    def perf_counter(self) -> float:
+        return self.clock
 
     def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
-        time.sleep(0.03)
+        time.sleep(STEP_S)
+        self.clock += STEP_S
         return super().execute(chunks)
 
 
-def test_a_slow_model_is_not_bundled():
+@pytest.fixture
+def slow_runner(monkeypatch) -> SlowRunner:  # noqa: ANN001
+    runner = SlowRunner()
+    monkeypatch.setattr(executor, "time", SimpleNamespace(perf_counter=runner.perf_counter))
+    return runner
+
+
+def test_a_slow_model_is_not_bundled(slow_runner):
     """Two 30 ms steps would pass one stream's 50 ms budget (BUNDLE_BUDGET_S): once the link
     has timed a decode step, each plan goes alone, so the stream is not held back in chunks."""
     with running_scheduler("--num-scheduler-steps", STEPS) as scheduler:
-        worker = Worker(scheduler.target, "w0", runner=SlowRunner())
+        worker = Worker(scheduler.target, "w0", runner=slow_runner)
         try:
             wait_for(lambda: scheduler.engine.links)
             responses = list(generate(scheduler.target, "r1", list(range(1, 11)), 16))
@@ -48,20 +69,20 @@ def test_a_slow_model_is_not_bundled():
             # step is timed; every token after them streams alone
             assert [len(r.token_ids) for r in responses[-6:]] == [1] * 6, responses
             link = next(iter(scheduler.engine.links.values()))
-            assert 0.025 < scheduler.call(lambda: link.step_s) < 0.1
+            assert scheduler.call(lambda: link.step_s) == pytest.approx(STEP_S)
         finally:
             worker.stop()
 
 
-def test_many_streams_of_a_slow_model_are_bundled():
+def test_many_streams_of_a_slow_model_are_bundled(slow_runner):
     """Sixteen requests share each 30 ms step: the budget grows by STREAM_BUDGET_S a stream
     (128 ms), so their steps go in bundles (each stream's per-message costs amortized) where
     one stream's would go alone (the test above); every token arrives, in order."""
     n = 16
-    assert bundle_budget_s(1) == BUNDLE_BUDGET_S < 2 * 0.03 < 3 * 0.03 < bundle_budget_s(n)
+    assert bundle_budget_s(1) == BUNDLE_BUDGET_S < 2 * STEP_S < 3 * STEP_S < bundle_budget_s(n)
     with running_scheduler("--num-scheduler-steps", STEPS) as scheduler:
         # room for every request's blocks and one free block each (a bundle never preempts)
-        worker = Worker(scheduler.target, "w0", runner=SlowRunner(), num_blocks=256)
+        worker = Worker(scheduler.target, "w0", runner=slow_runner, num_blocks=256)
         try:
             wait_for(lambda: scheduler.engine.links)
             got: dict[str, list[list[int]]] = {}

@@ -11,6 +11,7 @@ import pytest
 
 from protos import frontend_pb2, frontend_pb2_grpc, worker_pb2
 from tests.service.helpers import (
+    GatedRunner,
     PositionRunner,
     Worker,
     expected_tokens,
@@ -96,15 +97,16 @@ def test_a_worker_that_hangs_mid_step_is_dropped_and_its_requests_move():
 
 
 def test_an_idle_worker_is_never_timed_out():
-    with running_scheduler("--worker-step-timeout", "0.2") as scheduler:
+    # a deadline an instant step meets even on a loaded machine, and an idle wait past it
+    with running_scheduler("--worker-step-timeout", "2") as scheduler:
         worker = Worker(scheduler.target, "w0")
         try:
             wait_for(lambda: scheduler.engine.links)
             first = scheduler.engine.links["w0"]
-            assert tokens(generate(scheduler.target, "r0", [1, 2, 3], 2, timeout=5)) == (
+            assert tokens(generate(scheduler.target, "r0", [1, 2, 3], 2, timeout=30)) == (
                 expected_tokens(3, 2)
             )
-            time.sleep(0.6)  # waiting for work is not a hung step
+            time.sleep(3)  # waiting for work is not a hung step
             assert scheduler.call(lambda: scheduler.engine.links.get("w0")) is first
         finally:
             worker.stop()
@@ -131,8 +133,8 @@ def test_on_a_tie_routing_avoids_the_worker_whose_plan_is_out_longest(timeout):
 
 
 def test_an_overdue_worker_loses_its_cache_affinity():
-    # Overdue after half the 4 s deadline; the prompt's blocks are cached on "hung" only.
-    with running_scheduler("--worker-step-timeout", "4") as scheduler:
+    # Overdue after half the 10 s deadline; the prompt's blocks are cached on "hung" only.
+    with running_scheduler("--worker-step-timeout", "10") as scheduler:
         engine = scheduler.engine
         pair = HungAndGood(scheduler)
         try:
@@ -143,9 +145,9 @@ def test_an_overdue_worker_loses_its_cache_affinity():
             wait_for(lambda: not engine.requests)
             hung = engine.links["hung"]
             assert scheduler.call(hung.scheduler.cached_prefix_tokens, prompt, None) > 0
-            wait_for(lambda: hung.plan_outstanding_for() > 2.1)
+            wait_for(lambda: hung.plan_outstanding_for() > 5.1)
             # Long before the deadline drops "hung", the retry is served by "good".
-            assert tokens(generate(scheduler.target, "r1", prompt, 3, timeout=1)) == (
+            assert tokens(generate(scheduler.target, "r1", prompt, 3, timeout=4)) == (
                 expected_tokens(10, 3)
             )
             assert scheduler.call(lambda: engine.links.get("hung")) is hung
@@ -154,25 +156,28 @@ def test_an_overdue_worker_loses_its_cache_affinity():
 
 
 def test_an_overdue_worker_is_avoided_even_when_only_its_pool_holds_the_whole_request():
-    with running_scheduler("--worker-step-timeout", "4") as scheduler:
+    with running_scheduler("--worker-step-timeout", "10") as scheduler:
         engine = scheduler.engine
         runner = HangingRunner()
         hung = Worker(scheduler.target, "hung", num_blocks=256, runner=runner)
         wait_for(lambda: len(engine.links) == 1)
-        small = Worker(scheduler.target, "small", num_blocks=32)  # 128 tokens of 4
+        gate = GatedRunner("r1", 45)  # holds r1 on "small" until its placement is read
+        small = Worker(scheduler.target, "small", num_blocks=32, runner=gate)  # 128 tokens of 4
         wait_for(lambda: len(engine.links) == 2)
         try:
             first = generate(scheduler.target, "r0", list(range(1, 11)), 5, timeout=30)
             assert runner.reached.wait(5)
             first.cancel()
             wait_for(lambda: not engine.requests)
-            wait_for(lambda: engine.links["hung"].plan_outstanding_for() > 2.1)
+            wait_for(lambda: engine.links["hung"].plan_outstanding_for() > 5.1)
             # the prompt fits "small"; prompt + max_tokens only fits the overdue "hung"
-            stream = generate(scheduler.target, "r1", list(range(200, 240)), 100, timeout=1)
-            wait_for(lambda: engine.link_of("r1") is not None)
+            stream = generate(scheduler.target, "r1", list(range(200, 240)), 100, timeout=4)
+            assert gate.reached.wait(4)
             assert scheduler.call(lambda: engine.link_of("r1").worker_id) == "small"
+            gate.release.set()
             assert len(tokens(stream)) == 128 - 40  # served at once, up to the small pool
         finally:
+            gate.release.set()
             runner.release.set()
             hung.stop()
             small.stop()

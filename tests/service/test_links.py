@@ -205,7 +205,9 @@ def test_prompt_logprobs_of_a_chunked_prefill_arrive_once_across_preemption():
 
 
 def test_prompt_logprobs_are_not_repeated_after_a_lost_worker(scheduler):
-    first = Worker(scheduler.target, "w0", runner=ScoringRunner())
+    # w0 holds r1's step at position 24 until it is lost, so r1 always has tokens left for w1
+    gate = GatedScoringRunner("r1", at=24)
+    first = Worker(scheduler.target, "w0", runner=gate)
     wait_for(lambda: len(scheduler.engine.links) == 1)
     prompt = list(range(1, 20))
     stream = generate(scheduler.target, "r1", prompt, 40, sampling=scoring())
@@ -215,7 +217,10 @@ def test_prompt_logprobs_are_not_repeated_after_a_lost_worker(scheduler):
     second = Worker(scheduler.target, "w1", runner=runner)
     try:
         wait_for(lambda: len(scheduler.engine.links) == 2)
-        first.stop()
+        assert gate.reached.wait(30)
+        first.client.stop()
+        gate.release.set()  # the held step ends on a link that is gone
+        first.thread.join(5)
         more_tokens, more, _ = collect(stream)
         assert tokens + more_tokens == expected_tokens(19, 40)
         assert_scored_once(prompt, got + more)
