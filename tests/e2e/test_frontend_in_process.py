@@ -8,7 +8,6 @@ import asyncio
 import json
 import math
 import threading
-import time
 
 import grpc
 import pytest
@@ -137,17 +136,25 @@ def test_a_stream_left_before_its_first_token_is_a_clean_499_and_aborted(schedul
 # ---- a stop string ends a request the scheduler still runs ----
 
 
-class SteadyRunner(PositionRunner):
-    """5 ms a step: a request outlives the moment the frontend sees its stop string by far."""
+class HeldRunner(PositionRunner):
+    """Holds every step past position HELD_FROM until released: the request outlives the
+    moment the frontend sees its stop string (in its first 33 positions) however late that is."""
+
+    HELD_FROM = 48
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
 
     def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
-        time.sleep(0.005)
+        if any(c.start_pos >= self.HELD_FROM for c in chunks):
+            assert self.release.wait(60)
         return super().execute(chunks)
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_stop_string_finish_is_counted_as_stop_not_abort(scheduler, model_dir, stream):
-    with stand_in_worker(scheduler.target, "m", model_dir, SteadyRunner()):
+    runner = HeldRunner()
+    with stand_in_worker(scheduler.target, "m", model_dir, runner):
         wait_for(lambda: len(scheduler.engine.links) == 1)
 
         async def body(app, http):  # noqa: ANN001, ANN202
@@ -156,9 +163,12 @@ def test_a_stop_string_finish_is_counted_as_stop_not_abort(scheduler, model_dir,
             full = (await http.post("/v1/completions", json=request)).json()
             text = full["choices"][0]["text"]
             stop = text[len(text) // 2 : len(text) // 2 + 3]
-            # ~170 tokens (~1 s) still to go when the stop string shows: the frontend ends it
+            # held short of its 200 tokens when the stop string shows: the frontend ends it
             longer = {**request, "max_tokens": 200, "stop": [stop], "stream": stream}
-            reply = await http.post("/v1/completions", json=longer)
+            try:
+                reply = await http.post("/v1/completions", json=longer)
+            finally:
+                runner.release.set()
             return text, stop, reply
 
         text, stop, reply = asyncio.run(with_app(Settings(scheduler=scheduler.target), body))

@@ -44,6 +44,7 @@ def test_list_models_answers_while_a_large_ledger_is_built():
         stub = frontend_pb2_grpc.SchedulerStub(grpc.insecure_channel(target))
         stub.ListModels(frontend_pb2.ListModelsRequest(), timeout=30, wait_for_ready=True)
         thread.start()
+        began = time.perf_counter()
         latencies: list[float] = []
         while True:  # every call timed, up to the one that sees the worker
             start = time.perf_counter()
@@ -52,8 +53,11 @@ def test_list_models_answers_while_a_large_ledger_is_built():
             if reply.models:
                 break
             time.sleep(0.02)
-        # Built on the loop, one call would have waited for the whole build (~1.5 s+).
-        assert max(latencies) < 1.0, f"ListModels stalled {max(latencies):.2f} s"
+        # Built on the loop, one call would have waited for the whole build (~1.5 s+); a
+        # loaded machine slows the build and the calls alike, hence a bound that scales.
+        build_s = time.perf_counter() - began
+        bound = max(1.0, build_s / 2)
+        assert max(latencies) < bound, f"ListModels stalled {max(latencies):.2f} s of {build_s:.2f}"
         assert len(latencies) >= 5, "the registration was too quick to watch"
     finally:
         client.stop()

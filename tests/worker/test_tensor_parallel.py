@@ -149,9 +149,10 @@ def test_a_dead_rank_breaks_the_group_at_once_not_at_the_timeout(models) -> None
 
 def test_an_idle_group_outlives_the_collective_timeout(models) -> None:
     """Rank 1 waits for the next plan in a collective: rank 0's heartbeat keeps that wait
-    under the timeout (2 s here) however long the group idles (5 s)."""
+    under the timeout (5 s here: room for the ranks' start-up skew on a loaded machine, which
+    the timeout also bounds) however long the group idles (8 s)."""
     plans = greedy_plans(_prompt(256, seed=4), 3)
-    got = run_group([Job("idle", models["llama"], plans, idle_seconds=5.0)])
+    got = run_group([Job("idle", models["llama"], plans, idle_seconds=8.0)])
     assert isinstance(got[(0, "idle")], list), got[(0, "idle")]
     assert [len(s["sampled"]) for s in got[(0, "idle")]] == [1, 1, 1]
     assert got[(1, "idle")] == got[(0, "idle")]

@@ -136,7 +136,7 @@ def run_rank(
 ) -> None:
     try:
         if any(job.idle_seconds for job in jobs):  # timeouts short enough for a test
-            distributed.COLLECTIVE_TIMEOUT = timedelta(seconds=2)
+            distributed.COLLECTIVE_TIMEOUT = timedelta(seconds=5)
             tp_group.HEARTBEAT_SECONDS = 0.5
         tp = join_group(rank, size, port, "cpu")
         for job in jobs:
