@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from worker.layers.greedy_head import ScreenedArgmax, screen_runs
+from worker.layers.int8_screen import Int8ScreenedArgmax
 from worker.layers.linear import f32_tiles
+from worker.quant import kernels
 from worker.runner.batch import SeqChunk
 from worker.sample.sampler import plain_greedy
 from worker.sample.sampling_params import SamplingParams
@@ -144,9 +146,18 @@ def test_the_runner_screens_greedy_rows_only(screens: None, tiny_llama_dir) -> N
         tiny_llama_dir, num_blocks=8 * 16 + 1, attention_backend="auto", screened_greedy_head=False
     )
     assert full.greedy_head is None and screened.greedy_head is not None
-    for batch in (1, 16):
-        assert decode(screened, 6, batch) == decode(full, 6, batch)
-    assert screened.greedy_head.screened_rows == 6 * 17
-    with_logprobs = decode(screened, 2, 2, logprobs=1)
-    assert with_logprobs == decode(full, 2, 2, logprobs=1)
-    assert screened.greedy_head.screened_rows == 6 * 17  # logprobs need the full logits
+    # the int8 screen of a Q8_0 copy where the CPU runs it (test_int8_float_screen.py), then
+    # this module's bfloat16 screen on the same tiles
+    heads = [screened.greedy_head]
+    if isinstance(heads[0], Int8ScreenedArgmax):
+        heads.append(ScreenedArgmax.for_head(heads[0].exact_tiles, full.vocab_size, 16))
+    else:
+        assert not kernels.require().q8_vnni_runs()
+    for head in heads:
+        screened.greedy_head = head
+        for batch in (1, 16):
+            assert decode(screened, 6, batch) == decode(full, 6, batch)
+        assert head.screened_rows == 6 * 17
+        with_logprobs = decode(screened, 2, 2, logprobs=1)
+        assert with_logprobs == decode(full, 2, 2, logprobs=1)
+        assert head.screened_rows == 6 * 17  # logprobs need the full logits

@@ -163,9 +163,10 @@ def screen_for(
 ) -> ScreenedArgmax | Int8ScreenedArgmax | None:
     """The screen of a model's LM head (`model.lm_head` after `prepare_for_device`) when it is
     wanted (--screened-greedy-head): a head that keeps float32 tiles (a small float32 model on
-    an AVX-512 CPU, one rank) gets this module's bfloat16 screen, a Q8_0 head on tiles (the
-    exact path's) the int8 one (worker/layers/int8_screen.py); else None (tensor-parallel
-    heads, other types)."""
+    an AVX-512 CPU, one rank) gets the int8 screen of a Q8_0 copy where the CPU runs it (VNNI
+    with VBMI: half the bytes of the bfloat16 copy and a tighter bound), else this module's
+    bfloat16 screen; a Q8_0 head on tiles (the exact path's) gets the int8 screen of its own
+    tiles (worker/layers/int8_screen.py); else None (tensor-parallel heads, other types)."""
     if not wanted or getattr(head, "group", None) is not None:
         return None
     matmul = getattr(head, "cpu_matmul", None)
@@ -174,6 +175,12 @@ def screen_for(
         from worker.layers.int8_screen import Int8ScreenedArgmax
 
         return Int8ScreenedArgmax.for_head(head, vocab_size) if hasattr(head, "ggml_type") else None
+    from worker.layers.int8_screen import Int8ScreenedArgmax
     from worker.layers.linear import TILE_MAX_ROWS
+    from worker.quant import kernels
 
+    if tiles.dtype == torch.float32 and not isinstance(kernels.load(), str):
+        screen = Int8ScreenedArgmax.for_float_head(tiles, tiles.shape[1], vocab_size)
+        if screen is not None:
+            return screen
     return ScreenedArgmax.for_head(tiles, vocab_size, TILE_MAX_ROWS)

@@ -32,6 +32,18 @@ MIN_ROWS, a non-finite row, a logit that could overflow, or too many candidates:
 computes the full logits (`None`); after too many candidates the screen stays off for a
 number of steps that doubles with each refusal in a row (up to 64), as on a random model's
 flat logits it would cost ~half the full head for nothing.
+
+A float32 head (`for_float_head`: a float checkpoint's head kept as float32 tiles,
+worker/layers/linear.py) is screened the same way from a Q8_0 copy of its weights made once at
+load (~1.06 bytes a weight, against the 2 of the bfloat16 screen's copy), and decided by the
+float32 tile kernel on the candidate groups, so the token is the float32 head's. The copy's
+own error adds |x| |w_j - wq_j| to each bound: with wq_j the copy's row,
+    |a_j - l_j| <= |a_j - x . wq_j| + |x . (wq_j - w_j)| + |x . w_j - l_j|,
+the first and last terms as above with max(|w_j|, |wq_j|) for |w_j|, the middle one by
+Cauchy-Schwarz, |w_j - wq_j| computed in float64 from the copy itself and rounded up. From one
+row to the float32 tiles' 16 (a row streams a quarter of the float32 head's bytes). On
+tiny-llama's random head its bound is ~0.45 of the bfloat16 screen's 2^-6 |x| |w_j| (the
+copy's actual error, not a worst case): a median of 2 candidates a row against 5.
 """
 
 from __future__ import annotations
@@ -54,6 +66,8 @@ Q8_0 = 8  # ggml's type number
 # 0.53 against 0.64 ms in cache on SmolLM2's head) and the decision pass costs more.
 MIN_ROWS = 4
 MAX_ROWS = 127  # the exact head's tile kernel below the GEMM path (rows16_ops.cpp, kGemmRows)
+FLOAT_MAX_ROWS = 16  # a float32 head's tile kernel (worker.layers.linear.TILE_MAX_ROWS)
+QUANT_SLICE = 1024  # groups of a float32 head quantized at a time (bounds the load's scratch)
 U = 2.0**-24
 QUANT_SLACK = 1 + 2.0**-10  # float32 roundings of d and x / d in the kernel's quantization
 BOUND_SLACK = 1 + 2.0**-10  # the norms' and the bound's own rounding
@@ -65,13 +79,26 @@ CHUNK_ROWS = 16  # rows screened together: bounds the screen's scratch
 
 class Int8ScreenedArgmax:
     """The greedy token of each row of `x @ W^T` for a Q8_0 head held as rows16 tiles
-    [V / 16, nb * 544] (`QuantizedLinear` with `rows16`); see the module docstring."""
+    [V / 16, nb * 544] (`QuantizedLinear` with `rows16`); see the module docstring. With
+    `exact_tiles` (a float32 head's [V / 16, K, 16] tiles, `worker.layers.linear.f32_tiles`),
+    `tiles` are their Q8_0 quantization (`for_float_head`) and those float32 tiles decide."""
 
-    def __init__(self, tiles: torch.Tensor, in_features: int, vocab_size: int, kernels) -> None:  # noqa: ANN001
+    def __init__(
+        self,
+        tiles: torch.Tensor,
+        in_features: int,
+        vocab_size: int,
+        kernels,  # noqa: ANN001
+        exact_tiles: torch.Tensor | None = None,
+    ) -> None:
         self.tiles = tiles
         self.in_features = in_features
         self.vocab_size = vocab_size
         self.kernels = kernels
+        self.exact_tiles = exact_tiles
+        # a float32 head streams four times the screen's bytes: worth it from one row; its
+        # tile kernel's sums stay the full head's up to TILE_MAX_ROWS rows
+        self.rows = (1, FLOAT_MAX_ROWS) if exact_tiles is not None else (MIN_ROWS, MAX_ROWS)
         groups = tiles.shape[0]
         if not (groups - 1) * GROUP_ROWS < vocab_size <= groups * GROUP_ROWS:
             raise ValueError(f"{groups} tile groups do not hold {vocab_size} rows")
@@ -82,14 +109,27 @@ class Int8ScreenedArgmax:
         # pinned it there (~215 MiB resident on SmolLM2's head once glibc's mmap threshold had
         # risen past the scratch's size, which depends on what the process freed before).
         norms = torch.empty(groups * GROUP_ROWS, dtype=torch.float64)
+        residuals = torch.zeros(groups * GROUP_ROWS, dtype=torch.float64)
         largest = 0.0
         for start in range(0, groups, NORM_SLICE):
             stop = min(start + NORM_SLICE, groups)
             rows = torch.arange(start * GROUP_ROWS, stop * GROUP_ROWS)
             w = torch.ops.kvledger_quant.dequantize_rows16(tiles, Q8_0, in_features, rows)
-            norms[start * GROUP_ROWS : stop * GROUP_ROWS] = w.double().norm(dim=1)
+            norm = w.double().norm(dim=1)
             largest = max(largest, float(w.abs().max()))
+            if exact_tiles is not None:  # |w_j - wq_j|, and max(|w_j|, |wq_j|) for the rest
+                f = exact_tiles[start:stop].transpose(1, 2).reshape(-1, in_features).double()
+                residuals[start * GROUP_ROWS : stop * GROUP_ROWS] = (f - w.double()).norm(dim=1)
+                norm = torch.maximum(norm, f.norm(dim=1))
+                largest = max(largest, float(f.abs().max()))
+            norms[start * GROUP_ROWS : stop * GROUP_ROWS] = norm
         self.norms = (norms * ROUND_UP).float()
+        # a Q8_0 head is its own exact head: no residual term (`candidate_groups` skips it)
+        self.residuals = (
+            (residuals * ROUND_UP * BOUND_SLACK).float()
+            if exact_tiles is not None
+            else torch.zeros(0)
+        )
         self.slack = (in_features * largest + 1.0) * 2.0**-120  # subnormal products
         self.max_norm = float(self.norms.max())
         self.max_groups = max(1, int(groups * MAX_CANDIDATE_GROUP_SHARE))
@@ -104,7 +144,13 @@ class Int8ScreenedArgmax:
         self.skip = min(1 << (self.refusals - 1), MAX_BACK_OFF)
 
     def row_bounds(self, x: torch.Tensor) -> torch.Tensor | None:
-        """B of each row (float64 [R]), or None where a logit could overflow or x is not finite."""
+        """B of each row (float64 [R]), or None where a logit could overflow or x is not finite.
+        A float32 head adds |x| |w_j - wq_j| to each bound (`bounds`)."""
+        terms = self._row_terms(x)
+        return None if terms is None else terms[0]
+
+    def _row_terms(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(B, |x|) of each row in float64, or None (`row_bounds`)."""
         xd = x.double()
         x_norm = xd.norm(dim=1)
         top = float(x_norm.max())
@@ -114,14 +160,14 @@ class Int8ScreenedArgmax:
         e_max = (d.square().sum(dim=1) * 8.0).sqrt() * QUANT_SLACK  # sqrt(sum 32 (d / 2)^2)
         nb = self.in_features // 32
         rounding = (nb + 2) * U * (x_norm + e_max) + self.in_features * U * x_norm
-        return (e_max + rounding) * BOUND_SLACK
+        return (e_max + rounding) * BOUND_SLACK, x_norm
 
     def __call__(self, x: torch.Tensor) -> list[int] | None:
         """x [R, K] float32 -> each row's greedy token, or None: compute the full logits. Rows
         go CHUNK_ROWS at a time (a chunk's approximate logits are 3 MB on SmolLM2's head;
         the exact kernel gives a row the same sums in any batch)."""
         rows = x.shape[0]
-        if not MIN_ROWS <= rows <= MAX_ROWS or x.dtype != torch.float32:
+        if not self.rows[0] <= rows <= self.rows[1] or x.dtype != torch.float32:
             return None
         if self.skip > 0:  # backing off after refusals (`back_off`)
             self.skip -= 1
@@ -138,24 +184,47 @@ class Int8ScreenedArgmax:
 
     def decide(self, x: torch.Tensor) -> list[int] | None:
         """One chunk of rows through the screen and the exact candidates (module docstring)."""
-        bounds = self.row_bounds(x)
-        if bounds is None:
+        scales = self.scales(x)
+        if scales is None:
             return None
         approx = self.kernels.linear_int8_rows16(x, self.tiles, Q8_0, self.in_features)
-        err = (bounds * ROUND_UP).float()[:, None] * self.norms[None, :] + self.slack
-        if self.vocab_size < approx.shape[1]:
-            approx[:, self.vocab_size :] = float("-inf")  # padding rows are no tokens
-        floor = (approx - err).amax(dim=1, keepdim=True)
         # a group holds a candidate when some row's a + e reaches that row's floor
-        reach = (approx + err - floor).amax(dim=0).view(-1, GROUP_ROWS).amax(dim=1)
-        groups = (reach >= 0).nonzero().flatten()
+        groups = torch.ops.kvledger_quant.candidate_groups(
+            approx, *scales, self.residuals, self.slack, self.vocab_size
+        )
         if not 0 < groups.numel() <= self.max_groups:
             self.back_off()
             return None
-        exact = self.kernels.linear_rows16(
-            x, self.tiles.index_select(0, groups), Q8_0, self.in_features
-        )
+        if self.exact_tiles is not None:
+            exact = torch.ops.kvledger_quant.linear_f32_rows16(
+                x, self.exact_tiles.index_select(0, groups), groups.numel() * GROUP_ROWS
+            )
+        else:
+            exact = self.kernels.linear_rows16(
+                x, self.tiles.index_select(0, groups), Q8_0, self.in_features
+            )
         return first_largest(exact, groups, self.vocab_size)
+
+    def scales(self, x: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """What `bounds` multiplies per row (float32, rounded up): B, the norms, |x|."""
+        terms = self._row_terms(x)
+        if terms is None:
+            return None
+        bounds, x_norm = terms
+        return (bounds * ROUND_UP).float(), self.norms, (x_norm * ROUND_UP * BOUND_SLACK).float()
+
+    def bounds(self, x: torch.Tensor) -> torch.Tensor | None:
+        """e_j of every row and logit (float32 [R, 16 G]): B |w_j| (`row_bounds`), plus
+        |x| |w_j - wq_j| (zero for a Q8_0 head), plus the subnormal slack; what
+        `candidate_groups` (worker/csrc/quant/screen_groups.cpp) computes for each logit."""
+        scales = self.scales(x)
+        if scales is None:
+            return None
+        scale, norms, x_norm = scales
+        err = scale[:, None] * norms[None, :] + self.slack
+        if self.residuals.numel():
+            err += x_norm[:, None] * self.residuals[None, :]
+        return err
 
     @classmethod
     def for_head(cls, head: object, vocab_size: int) -> Int8ScreenedArgmax | None:
@@ -177,3 +246,40 @@ class Int8ScreenedArgmax:
             log.info("int8 screen of the Q8_0 LM head off: %s", why)
             return None
         return cls(head.blocks, head.in_features, vocab_size, kernels.require())
+
+    @classmethod
+    def for_float_head(
+        cls, tiles: torch.Tensor, in_features: int, vocab_size: int
+    ) -> Int8ScreenedArgmax | None:
+        """The int8 screen of a float32 head's tiles [G, K, 16], its weights quantized to Q8_0
+        tiles once here (about a quarter of the float32 bytes), or None (saying why) where it
+        cannot run."""
+        from worker.quant import kernels
+
+        why = None
+        if not kernels.require().q8_vnni_runs():
+            why = "this CPU has no AVX-512 VNNI with VBMI"
+        elif in_features % 32:
+            why = "the hidden size is not whole blocks"
+        elif not bool(torch.isfinite(tiles).all()):
+            why = "the LM head holds non-finite weights"
+        elif max(-float(tiles.min()), float(tiles.max())) >= OVERFLOW_GUARD:
+            why = "the LM head holds weights past the screen's range"
+        if why is not None:
+            log.info("int8 screen of the float32 LM head off: %s", why)
+            return None
+        return cls(q8_tiles(tiles, in_features), in_features, vocab_size, kernels.require(), tiles)
+
+
+def q8_tiles(tiles: torch.Tensor, in_features: int) -> torch.Tensor:
+    """Float32 tiles [G, K, 16] as Q8_0 rows16 tiles [G, K / 32 * 544] (gguf's quantizer: a
+    block's scale max|w| / 127 in float16, its values rounded), a slice of groups at a time."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    slices = []
+    for piece in tiles.split(QUANT_SLICE):
+        rows = piece.transpose(1, 2).reshape(-1, in_features).numpy()
+        blocks = torch.from_numpy(quantize(rows, GGMLQuantizationType.Q8_0).copy())
+        slices.append(torch.ops.kvledger_quant.pack_rows16(blocks, Q8_0, in_features))
+    return torch.cat(slices) if len(slices) > 1 else slices[0]

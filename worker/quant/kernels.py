@@ -40,6 +40,7 @@ SOURCES = [
         "rows16_avx512.cpp",
         "rows16_f32.cpp",
         "screen.cpp",
+        "screen_groups.cpp",
     )
 ]
 HEADERS = [CSRC / "blocks.h", CSRC / "int8_tile.h", CSRC / "rows16.h", CSRC / "ops.h"]
