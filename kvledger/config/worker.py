@@ -100,10 +100,10 @@ class WorkerSettings(
         True,
         "on CPU, find a greedy row's token by screening every logit approximately and "
         "computing only the candidates exactly: the same token as the full head, ties "
-        "included (a small float32 model's head in bfloat16, on CPUs with AVX512-BF16, with a "
-        "bfloat16 copy half its size; a GGUF's Q8_0 head on the exact path with int8 "
-        "activations, from 4 rows, on CPUs with AVX-512 VNNI and VBMI, no copy); "
-        "--no-screened-greedy-head computes every logit",
+        "included (a GGUF's Q8_0 head on the exact path with int8 activations, from 4 rows, "
+        "no copy; a small float32 model's head through a Q8_0 copy about a quarter its size, "
+        "both on CPUs with AVX-512 VNNI and VBMI; else in bfloat16 on CPUs with AVX512-BF16, "
+        "through a copy half its size); --no-screened-greedy-head computes every logit",
     )
     quantization: str = option(
         "auto",
