@@ -101,6 +101,24 @@ def test_the_compiled_candidate_groups_follow_the_rule(screens: None) -> None:
             assert groups.numel() >= 19  # the run's groups at least
 
 
+def test_padding_tokens_are_never_candidates(screens: None) -> None:
+    """Every real logit negative: the padding rows' zero logits would lead every row if the
+    masks let them in (a vocabulary of 645: 40 groups and 5 tokens of a 41st)."""
+    gen = torch.Generator().manual_seed(7)
+    vocab = 645
+    w = torch.rand(vocab, 64, generator=gen) + 0.1
+    w[100] *= 0.1  # the least negative logit of every row
+    w[643] *= 0.2  # and a runner-up in the partial group
+    screen, tiles = screen_of(w)
+    x = -torch.rand(4, 64, generator=gen) - 0.1
+    approx = kernels.require().linear_int8_rows16(x, screen.tiles, Q8_0, 64)
+    groups = torch.ops.kvledger_quant.candidate_groups(
+        approx, *screen.scales(x), screen.residuals, screen.slack, vocab
+    )
+    assert groups.tolist() == reference_groups(screen, x, vocab) == [6]
+    assert screen(x) == full_argmax(x, tiles, vocab) == [100] * 4
+
+
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
 def test_random_rows_pick_the_float_heads_token(screens: None, scale: float) -> None:
     gen = torch.Generator().manual_seed(1)
@@ -150,6 +168,9 @@ def test_what_it_cannot_bound_goes_to_the_full_logits(screens: None) -> None:
     assert screen(torch.where(torch.arange(32) == 3, float("inf"), x)) is None
     assert screen(x * 1e37) is None  # a logit could overflow
     assert screen(torch.randn(17, 32)) is None  # more rows than the float32 tiles take
+    tiny = x.clone()
+    tiny[1] = 3.7e-37  # 127 / max|x| overflows in the kernel: its quants are no rounding
+    assert screen(tiny) is None
     flat, _ = screen_of(torch.ones(640, 32))  # every token a candidate: no saving
     assert flat(x) is None and flat.skip == 1  # and it backs off
     assert screen.screened_rows == 0 and flat.screened_rows == 0
@@ -160,5 +181,7 @@ def test_a_head_it_cannot_screen_gets_none(screens: None) -> None:
     w[3, 2] = float("nan")
     assert Int8ScreenedArgmax.for_float_head(f32_tiles(w), 64, 64) is None
     w[3, 2] = 1e38
+    assert Int8ScreenedArgmax.for_float_head(f32_tiles(w), 64, 64) is None
+    w[3, 2] = 9e6  # a Q8_0 block's float16 scale would overflow
     assert Int8ScreenedArgmax.for_float_head(f32_tiles(w), 64, 64) is None
     assert Int8ScreenedArgmax.for_float_head(f32_tiles(torch.randn(64, 48)), 48, 64) is None

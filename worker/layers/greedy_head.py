@@ -169,17 +169,13 @@ def screen_for(
     tiles (worker/layers/int8_screen.py); else None (tensor-parallel heads, other types)."""
     if not wanted or getattr(head, "group", None) is not None:
         return None
-    matmul = getattr(head, "cpu_matmul", None)
-    tiles = getattr(matmul, "tiles", None)
-    if tiles is None:
-        from worker.layers.int8_screen import Int8ScreenedArgmax
-
-        return Int8ScreenedArgmax.for_head(head, vocab_size) if hasattr(head, "ggml_type") else None
     from worker.layers.int8_screen import Int8ScreenedArgmax
     from worker.layers.linear import TILE_MAX_ROWS
-    from worker.quant import kernels
 
-    if tiles.dtype == torch.float32 and not isinstance(kernels.load(), str):
+    tiles = getattr(getattr(head, "cpu_matmul", None), "tiles", None)
+    if tiles is None:
+        return Int8ScreenedArgmax.for_head(head, vocab_size) if hasattr(head, "ggml_type") else None
+    if tiles.dtype == torch.float32:  # float32 tiles exist only where the kernels built
         screen = Int8ScreenedArgmax.for_float_head(tiles, tiles.shape[1], vocab_size)
         if screen is not None:
             return screen

@@ -58,6 +58,7 @@ from worker.layers.greedy_head import (
     OVERFLOW_GUARD,
     first_largest,
 )
+from worker.layers.linear import TILE_MAX_ROWS
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,15 @@ Q8_0 = 8  # ggml's type number
 # 0.53 against 0.64 ms in cache on SmolLM2's head) and the decision pass costs more.
 MIN_ROWS = 4
 MAX_ROWS = 127  # the exact head's tile kernel below the GEMM path (rows16_ops.cpp, kGemmRows)
-FLOAT_MAX_ROWS = 16  # a float32 head's tile kernel (worker.layers.linear.TILE_MAX_ROWS)
-QUANT_SLICE = 1024  # groups of a float32 head quantized at a time (bounds the load's scratch)
+# A float32 head's rows: up to its tile kernel's (`TILE_MAX_ROWS`), in one chunk, so that the
+# decision's sums are those of the full head over the same rows (rows16_f32.cpp tiles rows
+# by the call's row count).
+FLOAT_MAX_ROWS = TILE_MAX_ROWS
+QUANT_SLICE_BYTES = 32 << 20  # of a float32 head, quantized at a time (bounds the load's scratch)
+# A block of activations whose largest is below this makes the kernel's 127 / max|x| overflow
+# (float32): its quants are then no rounding of the block, and the bound does not hold.
+TINY_BLOCK = 1e-36
+MAX_Q8_WEIGHT = 65504 * 127 / 2  # a Q8_0 block's float16 scale (max|w| / 127) stays finite
 U = 2.0**-24
 QUANT_SLACK = 1 + 2.0**-10  # float32 roundings of d and x / d in the kernel's quantization
 BOUND_SLACK = 1 + 2.0**-10  # the norms' and the bound's own rounding
@@ -156,7 +164,10 @@ class Int8ScreenedArgmax:
         top = float(x_norm.max())
         if not (top < OVERFLOW_GUARD and top * self.max_norm < OVERFLOW_GUARD):
             return None  # NaN and inf fail too
-        d = xd.view(x.shape[0], -1, 32).abs().amax(dim=2) / 127.0
+        amax = xd.view(x.shape[0], -1, 32).abs().amax(dim=2)
+        if bool(((amax > 0) & (amax < TINY_BLOCK)).any()):
+            return None  # the kernel's scale of such a block overflows (TINY_BLOCK)
+        d = amax / 127.0
         e_max = (d.square().sum(dim=1) * 8.0).sqrt() * QUANT_SLACK  # sqrt(sum 32 (d / 2)^2)
         nb = self.in_features // 32
         rounding = (nb + 2) * U * (x_norm + e_max) + self.in_features * U * x_norm
@@ -165,7 +176,8 @@ class Int8ScreenedArgmax:
     def __call__(self, x: torch.Tensor) -> list[int] | None:
         """x [R, K] float32 -> each row's greedy token, or None: compute the full logits. Rows
         go CHUNK_ROWS at a time (a chunk's approximate logits are 3 MB on SmolLM2's head;
-        the exact kernel gives a row the same sums in any batch)."""
+        the Q8_0 tiles' exact kernel gives a row the same sums in any batch below the GEMM
+        path); a float32 head's rows, at most FLOAT_MAX_ROWS = CHUNK_ROWS, go in one."""
         rows = x.shape[0]
         if not self.rows[0] <= rows <= self.rows[1] or x.dtype != torch.float32:
             return None
@@ -263,8 +275,8 @@ class Int8ScreenedArgmax:
             why = "the hidden size is not whole blocks"
         elif not bool(torch.isfinite(tiles).all()):
             why = "the LM head holds non-finite weights"
-        elif max(-float(tiles.min()), float(tiles.max())) >= OVERFLOW_GUARD:
-            why = "the LM head holds weights past the screen's range"
+        elif max(-float(tiles.min()), float(tiles.max())) >= MAX_Q8_WEIGHT:
+            why = "the LM head holds weights past Q8_0's float16 scales"
         if why is not None:
             log.info("int8 screen of the float32 LM head off: %s", why)
             return None
@@ -273,13 +285,20 @@ class Int8ScreenedArgmax:
 
 def q8_tiles(tiles: torch.Tensor, in_features: int) -> torch.Tensor:
     """Float32 tiles [G, K, 16] as Q8_0 rows16 tiles [G, K / 32 * 544] (gguf's quantizer: a
-    block's scale max|w| / 127 in float16, its values rounded), a slice of groups at a time."""
+    block's scale max|w| / 127 in float16, its values rounded), a slice of groups at a time
+    into one tensor allocated first (slices kept in a list pin the heap: the note in
+    `Int8ScreenedArgmax.__init__`)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
-    slices = []
-    for piece in tiles.split(QUANT_SLICE):
+    groups = tiles.shape[0]
+    out = torch.empty(groups, in_features // 32 * 34 * GROUP_ROWS, dtype=torch.uint8)
+    step = max(1, QUANT_SLICE_BYTES // (GROUP_ROWS * in_features * 4))
+    for start in range(0, groups, step):
+        piece = tiles[start : start + step]
         rows = piece.transpose(1, 2).reshape(-1, in_features).numpy()
-        blocks = torch.from_numpy(quantize(rows, GGMLQuantizationType.Q8_0).copy())
-        slices.append(torch.ops.kvledger_quant.pack_rows16(blocks, Q8_0, in_features))
-    return torch.cat(slices) if len(slices) > 1 else slices[0]
+        blocks = torch.from_numpy(quantize(rows, GGMLQuantizationType.Q8_0))
+        out[start : start + piece.shape[0]] = torch.ops.kvledger_quant.pack_rows16(
+            blocks, Q8_0, in_features
+        )
+    return out
