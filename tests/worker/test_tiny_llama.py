@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -19,15 +18,12 @@ from kvledger.models import (
 )
 
 
-def test_generation_is_deterministic_and_fast(tmp_path: Path) -> None:
-    import torch  # noqa: F401  (imported up front: the budget is for generation, not imports)
-
+def test_generation_is_deterministic(tmp_path: Path) -> None:
+    """Two generations give the same bytes (its speed, ~0.5 s, is not a test's business)."""
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir()
     second.mkdir()
-    started = time.perf_counter()
     write_tiny_llama(first)
-    elapsed = time.perf_counter() - started
     write_tiny_llama(second)
     names = sorted(p.name for p in first.iterdir())
     assert names == [
@@ -40,7 +36,6 @@ def test_generation_is_deterministic_and_fast(tmp_path: Path) -> None:
     ]
     for name in names:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
-    assert elapsed < 4.0  # ~0.5 s alone; slack for a shared 2-core machine
 
 
 def test_resolve_creates_once_in_a_versioned_cache_dir(
