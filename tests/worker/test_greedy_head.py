@@ -35,6 +35,26 @@ def full_argmax(x: torch.Tensor, tiles: torch.Tensor, vocab: int) -> list[int]:
     return torch.ops.kvledger_quant.linear_f32_rows16(x, tiles, vocab).argmax(dim=1).tolist()
 
 
+@pytest.fixture(params=["bf16", "int8"])
+def either_screen_of(request, f32_tiles_kernel: None):  # noqa: ANN001, ANN201
+    """`screen_of` for each screen of a float32 head: this module's bfloat16 one and the int8
+    one of a Q8_0 copy (tests/worker/test_int8_float_screen.py has the int8 one's own cases)."""
+    if request.param == "bf16":
+        if not screen_runs():
+            pytest.skip("the screen needs AVX512-BF16")
+        return screen_of
+    if not kernels.require().q8_vnni_runs():
+        pytest.skip("the int8 screen needs AVX-512 VNNI with VBMI")
+
+    def int8_screen_of(w: torch.Tensor) -> tuple[Int8ScreenedArgmax, torch.Tensor]:
+        tiles = f32_tiles(w)
+        screen = Int8ScreenedArgmax.for_float_head(tiles, w.shape[1], w.shape[0])
+        assert screen is not None
+        return screen, tiles
+
+    return int8_screen_of
+
+
 def screen_of(w: torch.Tensor) -> tuple[ScreenedArgmax, torch.Tensor]:
     tiles = f32_tiles(w)
     screen = ScreenedArgmax.for_head(tiles, w.shape[0], 16)
@@ -43,22 +63,22 @@ def screen_of(w: torch.Tensor) -> tuple[ScreenedArgmax, torch.Tensor]:
 
 
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
-def test_random_rows_pick_the_full_heads_token(screens: None, scale: float) -> None:
+def test_random_rows_pick_the_full_heads_token(either_screen_of, scale: float) -> None:  # noqa: ANN001
     gen = torch.Generator().manual_seed(0)
     vocab = 4096 + 7  # a last group of 7 rows: its padding is never a candidate
     w = torch.randn(vocab, 64, generator=gen) * 0.1
-    screen, tiles = screen_of(w)
+    screen, tiles = either_screen_of(w)
     for rows in (1, 3, 4, 16):
         x = torch.randn(rows, 64, generator=gen) * scale
         assert screen(x) == full_argmax(x, tiles, vocab)
     assert screen.screened_rows == 24
 
 
-def test_exact_ties_take_the_first_index(screens: None) -> None:
+def test_exact_ties_take_the_first_index(either_screen_of) -> None:  # noqa: ANN001
     gen = torch.Generator().manual_seed(1)
     w = torch.randn(512, 32, generator=gen) * 0.05
     w[40] = w[300] = w[301] = torch.randn(32, generator=gen)  # three equal rows, two groups
-    screen, tiles = screen_of(w)
+    screen, tiles = either_screen_of(w)
     x = w[40].repeat(2, 1)  # each row's largest logit is at 40, 300 and 301 alike
     assert full_argmax(x, tiles, 512) == [40, 40]
     assert screen(x) == [40, 40]

@@ -1,7 +1,8 @@
 """The int8 screen of a float32 LM head (`Int8ScreenedArgmax.for_float_head`,
 worker/layers/int8_screen.py): every float32 logit lies within its bound (the Q8_0 copy's own
-error added), its token is the float32 tile kernel's first largest logit for random, tied and
-nearly tied logits, and what it cannot bound goes back to the full logits."""
+error added), its token is the float32 tile kernel's first largest logit for nearly tied logits
+(random and tied ones: tests/worker/test_greedy_head.py, for both screens), and what it cannot
+bound goes back to the full logits."""
 
 from __future__ import annotations
 
@@ -117,28 +118,6 @@ def test_padding_tokens_are_never_candidates(screens: None) -> None:
     )
     assert groups.tolist() == reference_groups(screen, x, vocab) == [6]
     assert screen(x) == full_argmax(x, tiles, vocab) == [100] * 4
-
-
-@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
-def test_random_rows_pick_the_float_heads_token(screens: None, scale: float) -> None:
-    gen = torch.Generator().manual_seed(1)
-    vocab = 4096 + 7  # a last group of 7 rows: its padding is never a candidate
-    w = torch.randn(vocab, 64, generator=gen) * 0.1
-    screen, tiles = screen_of(w)
-    for rows in (1, 3, 4, 16):
-        x = torch.randn(rows, 64, generator=gen) * scale
-        assert screen(x) == full_argmax(x, tiles, vocab)
-    assert screen.screened_rows == 24
-
-
-def test_exact_ties_take_the_first_index(screens: None) -> None:
-    gen = torch.Generator().manual_seed(2)
-    w = torch.randn(512, 32, generator=gen) * 0.05
-    w[40] = w[300] = w[301] = torch.randn(32, generator=gen)  # three equal rows, two groups
-    screen, tiles = screen_of(w)
-    x = w[40].repeat(2, 1)
-    assert full_argmax(x, tiles, 512) == [40, 40]
-    assert screen(x) == [40, 40]
 
 
 def test_near_ties_are_decided_in_float32(screens: None) -> None:
