@@ -45,9 +45,17 @@ def grammar_tokenizer(
     """The engine's tokenizer over the model's whole vocabulary (`vocab_size`: the logits'
     width; ids the tokenizer does not name are never allowed); StructuredError when the
     engine cannot read this kind of tokenizer (~0.6 s for a 49k vocabulary: cache it)."""
+    return grammar_tokenizer_of_json(tokenizer.to_str(), vocab_size, eos_token_ids)
+
+
+def grammar_tokenizer_of_json(
+    tokenizer_json: str, vocab_size: int, eos_token_ids: Sequence[int]
+) -> llguidance.LLTokenizer:
+    """`grammar_tokenizer` of a tokenizer's JSON text (what a process without the tokenizer
+    object is handed: the frontend's grammar sandbox)."""
     eos = list(eos_token_ids) or None
     try:
-        return llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=vocab_size, eos_token=eos)
+        return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos)
     except ValueError as err:
         raise StructuredError(
             f"structured outputs are not available for this model: its tokenizer cannot be "

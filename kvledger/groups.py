@@ -103,3 +103,49 @@ class GrpcTlsOptions:
         "signed (and uses TLS); on the scheduler, every caller must present a certificate it "
         "signed (mutual TLS). No TLS flag: plaintext (loopback only, or a private network)",
     )
+
+
+@dataclass(frozen=True)
+class GrammarLimits:
+    """What a structured-output constraint may cost the grammar engine (llguidance), for the
+    frontend, which compiles each one to check it, and the worker, which compiles it again
+    and computes its masks (docs/structured-outputs.md, "Bounds"). The engine's own limits
+    bound each step's work; the depth is checked before any of it runs (its native compiler
+    recurses on it)."""
+
+    max_structured_depth: int = option(
+        64,
+        "deepest a structured-output constraint may go, counted through its references: "
+        "objects and arrays on any path of a JSON schema, each $ref followed (a cycle counts "
+        "its members once), or rules on any path of a grammar; deeper is a 400",
+        ge=1,
+        le=1024,
+    )
+    grammar_max_size: int = option(
+        200_000,
+        "most symbols in a compiled grammar's productions (the engine's max_grammar_size)",
+        ge=1,
+    )
+    grammar_initial_lexer_fuel: int = option(
+        1_000_000,
+        "lexer work allowed to build a grammar's regular expressions (the engine's "
+        "initial_lexer_fuel; about 50,000 a millisecond)",
+        ge=1,
+    )
+    grammar_step_lexer_fuel: int = option(
+        200_000,
+        "lexer work allowed for one token mask (the engine's step_lexer_fuel; about 14,000 a "
+        "millisecond): past it the request fails, never the step",
+        ge=1,
+    )
+    grammar_step_max_items: int = option(
+        50_000,
+        "parser items allowed for one token mask (the engine's step_max_items; about 20,000 "
+        "a millisecond)",
+        ge=1,
+    )
+    grammar_max_lexer_states: int = option(
+        100_000,
+        "most lexer states one grammar may build (the engine's max_lexer_states; 1-2 KB each)",
+        ge=1,
+    )

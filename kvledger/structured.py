@@ -26,6 +26,9 @@ from typing import Any
 
 import llguidance
 
+from kvledger.groups import GrammarLimits
+from kvledger.structured_depth import lark_depth, schema_depth
+
 JSON, JSON_OBJECT, REGEX, CHOICE, GRAMMAR = "json", "json_object", "regex", "choice", "grammar"
 KINDS = (JSON, JSON_OBJECT, REGEX, CHOICE, GRAMMAR)
 # How generated JSON is laid out (a schema's own `x-guidance` may say otherwise).
@@ -58,14 +61,30 @@ def choice_spec(choices: list[str]) -> StructuredSpec:
     return StructuredSpec(CHOICE, json.dumps(choices, ensure_ascii=False))
 
 
+DEFAULT_LIMITS = GrammarLimits()
+
+
 @functools.lru_cache(maxsize=256)
-def grammar_of(spec: StructuredSpec) -> str:
+def grammar_of(spec: StructuredSpec, max_depth: int = DEFAULT_LIMITS.max_structured_depth) -> str:
     """The llguidance grammar of a spec; StructuredError when the spec text is malformed (a
-    schema that is no JSON, an empty choice list). Whether the grammar compiles is `check`'s."""
+    schema that is no JSON, an empty choice list), goes deeper than `max_depth` through its
+    references (structured_depth.py: measured before the engine, which recurses on it, sees
+    it), or holds a value the engine cannot take (an integer past 64 bits). Whether the
+    grammar compiles is `check`'s."""
+    try:
+        return _grammar_of(spec, max_depth)
+    except (ValueError, TypeError, OverflowError) as err:
+        if isinstance(err, StructuredError):
+            raise
+        raise StructuredError(
+            f"{what_kind(spec.kind)} cannot be compiled: {_one_line(str(err))}"
+        ) from None
+
+
+def _grammar_of(spec: StructuredSpec, max_depth: int) -> str:
+    check_depth(spec, max_depth)
     if spec.kind == JSON:
         schema = _json(spec.spec, "the JSON schema")
-        if not isinstance(schema, dict | bool):
-            raise StructuredError("the JSON schema must be an object or a boolean")
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
     if spec.kind == JSON_OBJECT:
         return llguidance.LLMatcher.grammar_from_json_schema(
@@ -80,13 +99,77 @@ def grammar_of(spec: StructuredSpec) -> str:
     raise StructuredError(f"unknown structured output kind {spec.kind!r} (one of {KINDS})")
 
 
-def check(spec: StructuredSpec, tokenizer: llguidance.LLTokenizer | None = None) -> None:
+def check_depth(spec: StructuredSpec, max_depth: int) -> None:
+    """StructuredError when the spec's text is malformed or it goes deeper than `max_depth`
+    through its references (kvledger/structured_depth.py). Pure Python, no recursion: what a
+    process that must not crash checks before it hands the spec to the engine."""
+    if spec.kind == JSON:
+        schema = _json(spec.spec, "the JSON schema")
+        if not isinstance(schema, dict | bool):
+            raise StructuredError("the JSON schema must be an object or a boolean")
+        _bound(schema_depth(schema), max_depth, spec.kind, "objects and arrays, through $ref")
+    elif spec.kind == GRAMMAR:
+        depth = lark_depth(_lark(spec.spec))
+        _bound(depth, max_depth, spec.kind, "rules, each rule it names followed")
+
+
+def _bound(depth: int, max_depth: int, kind: str, counted: str) -> None:
+    if depth > max_depth:
+        raise StructuredError(
+            f"{what_kind(kind)} goes {depth} levels deep ({counted}); at most {max_depth} are "
+            "accepted (--max-structured-depth)"
+        )
+
+
+def engine_limits(limits: GrammarLimits = DEFAULT_LIMITS) -> llguidance.LLParserLimits:
+    """The engine's resource limits from the settings; its diagnostics stay off stderr (a
+    failure's message is the request's error, and may not echo the grammar)."""
+    return llguidance.LLParserLimits(
+        max_grammar_size=limits.grammar_max_size,
+        initial_lexer_fuel=limits.grammar_initial_lexer_fuel,
+        step_lexer_fuel=limits.grammar_step_lexer_fuel,
+        step_max_items=limits.grammar_step_max_items,
+        max_lexer_states=limits.grammar_max_lexer_states,
+        verbose_errors=False,
+    )
+
+
+def compile_matcher(
+    spec: StructuredSpec,
+    tokenizer: llguidance.LLTokenizer,
+    limits: GrammarLimits = DEFAULT_LIMITS,
+) -> llguidance.LLMatcher:
+    """A matcher for `spec` under the settings' limits; StructuredError naming the problem
+    when the spec is refused, does not compile, or exceeds a limit."""
+    grammar = grammar_of(spec, limits.max_structured_depth)
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=engine_limits(limits))
+    if matcher.is_error():
+        raise StructuredError(
+            what_kind(spec.kind) + " does not compile: " + _one_line(matcher.get_error())
+        )
+    return matcher
+
+
+def check(
+    spec: StructuredSpec,
+    tokenizer: llguidance.LLTokenizer | None = None,
+    limits: GrammarLimits = DEFAULT_LIMITS,
+) -> None:
     """StructuredError naming the problem when the spec does not compile (against `tokenizer`
-    when given, as the worker will compile it)."""
-    grammar = grammar_of(spec)
-    error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
-    if error:
-        raise StructuredError(_what(spec.kind) + " does not compile: " + _one_line(error))
+    when given, as the worker will compile it: then its first mask is computed too, the
+    engine's limits applying, so a grammar whose first step exceeds them is refused here)."""
+    if tokenizer is None:
+        grammar = grammar_of(spec, limits.max_structured_depth)
+        error = llguidance.LLMatcher.validate_grammar(grammar, None, limits=engine_limits(limits))
+        if error:
+            raise StructuredError(what_kind(spec.kind) + " does not compile: " + _one_line(error))
+        return
+    matcher = compile_matcher(spec, tokenizer, limits)
+    matcher.compute_bitmask()
+    if matcher.is_error():
+        raise StructuredError(
+            what_kind(spec.kind) + " exceeds a limit: " + _one_line(matcher.get_error())
+        )
 
 
 def _json(text: str, what: str) -> Any:
@@ -118,7 +201,7 @@ def _lark(text: str) -> str:
         raise StructuredError(f"the GBNF grammar does not parse: {_one_line(str(err))}") from None
 
 
-def _what(kind: str) -> str:
+def what_kind(kind: str) -> str:
     return {
         JSON: "the JSON schema",
         JSON_OBJECT: "the JSON object grammar",

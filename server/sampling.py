@@ -61,7 +61,7 @@ def check_request(
     check_sampling_limits(body, limits, num_prompts)
     spec = structured_spec(body, limits)
     if spec is not None:
-        check_structured(body, spec, model)
+        check_structured(body, spec, model, limits)
     return spec
 
 

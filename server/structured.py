@@ -6,20 +6,20 @@ Where a request may say it (chat and completions alike): OpenAI's `response_form
 `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`. More than one is a 400:
 the output cannot follow two grammars.
 
-The spec is bounded (`--max-structured-chars`, 64 levels of nesting), then compiled here
-against the model's tokenizer, as the worker will compile it: a schema, regex or grammar the
-engine refuses is a 400 naming the problem, never a request that fails on the worker. A model
-whose tokenizer the engine cannot read (WordPiece) refuses every constraint with a 400.
+The spec is bounded (`--max-structured-chars`; `--max-structured-depth`, first as written,
+then through its `$ref`s or rules: kvledger/structured_depth.py), then compiled against the
+model's tokenizer, as the worker will compile it, in a child process with a deadline
+(server/grammar_sandbox.py): a schema, regex or grammar the engine refuses, that exceeds the
+engine's limits or the deadline, or that crashes the engine is a 400 naming the problem, never
+a request that fails on the worker or a frontend that dies. A model whose tokenizer the engine
+cannot read (WordPiece) refuses every constraint with a 400.
 """
 
 from __future__ import annotations
 
 import threading
 
-import llguidance
-
 from kvledger.config.frontend import Limits
-from kvledger.grammar_tokenizer import grammar_tokenizer
 from kvledger.structured import (
     CHOICE,
     GRAMMAR,
@@ -28,7 +28,7 @@ from kvledger.structured import (
     REGEX,
     StructuredError,
     StructuredSpec,
-    check,
+    check_depth,
     choice_spec,
     json_schema_spec,
 )
@@ -36,9 +36,9 @@ from protos import frontend_pb2
 from server.bounds import check_nested
 from server.client import ServedModel
 from server.errors import APIError
+from server.grammar_sandbox import GrammarModel, sandbox
 from server.protocol import SamplingRequest
 
-MAX_SCHEMA_DEPTH = 64
 DEFAULT_LIMITS = Limits()
 JSON_OBJECT_GIVEN = ""  # the raw value of a constraint that carries none (json_object)
 
@@ -50,7 +50,10 @@ def structured_spec(
     response format without its schema, a spec past the bounds, or a knob not served."""
     given = _sources(body)
     for param, _, raw in given:  # bounded before anything walks or serializes it
-        check_nested(raw, _field(param), limits.max_structured_chars, MAX_SCHEMA_DEPTH)
+        # a scalar counts a level here, as a container does
+        check_nested(
+            raw, _field(param), limits.max_structured_chars, limits.max_structured_depth + 1
+        )
     if len(given) > 1:
         names = ", ".join(param for param, _, _ in given)
         raise APIError(
@@ -71,18 +74,29 @@ def structured_spec(
     return spec
 
 
-def check_structured(body: SamplingRequest, spec: StructuredSpec, model: ServedModel) -> None:
-    """The spec compiled against the model's tokenizer, as the worker will compile it: a 400
-    naming the problem when it does not (or when the model's tokenizer cannot be used)."""
+def check_structured(
+    body: SamplingRequest, spec: StructuredSpec, model: ServedModel, limits: Limits = DEFAULT_LIMITS
+) -> None:
+    """The spec compiled against the model's tokenizer, as the worker will compile it, in the
+    grammar sandbox (server/grammar_sandbox.py): a 400 naming the problem when it does not
+    compile, exceeds a bound, or crashes the compiler (or when the model's tokenizer cannot be
+    used)."""
     param = _field(_sources(body)[0][0])
     if body.ignore_eos:
         raise APIError(
             400, "ignore_eos cannot be combined with a structured output", param="ignore_eos"
         )
     try:
-        check(spec, model_grammar_tokenizer(model))
+        compile_check(spec, model, limits)
     except StructuredError as err:
         raise APIError(400, str(err), param=param) from None
+
+
+def compile_check(spec: StructuredSpec, model: ServedModel, limits: Limits) -> None:
+    """StructuredError when `spec` cannot be served on `model` (the depth bound, checked here
+    first, then the compile in the sandbox)."""
+    check_depth(spec, limits.max_structured_depth)  # what needs no engine, checked here
+    sandbox().check(spec, grammar_model(model), limits, limits.structured_compile_timeout)
 
 
 def _field(param: str) -> str:
@@ -147,24 +161,24 @@ def _spec(kind: str, raw: object) -> StructuredSpec:
     return StructuredSpec(kind, raw)  # type: ignore[arg-type]
 
 
-_tokenizers: dict[tuple[str, int, tuple[int, ...]], llguidance.LLTokenizer | StructuredError] = {}
+_models: dict[tuple[str, int, tuple[int, ...]], GrammarModel] = {}
 _lock = threading.Lock()
 
 
-def model_grammar_tokenizer(model: ServedModel) -> llguidance.LLTokenizer:
-    """The engine's tokenizer for a model, built once (or refused once) per tokenizer."""
+def grammar_model(model: ServedModel) -> GrammarModel:
+    """What the sandbox compiles against for a model: its tokenizer's JSON, once per tokenizer."""
     info = model.info
     key = (info.tokenizer_path or info.model_path, info.vocab_size, tuple(info.eos_token_ids))
     with _lock:
-        built = _tokenizers.get(key)
+        built = _models.get(key)
         if built is None:
-            try:
-                built = grammar_tokenizer(model.tokenizer, info.vocab_size, info.eos_token_ids)
-            except StructuredError as err:
-                built = err
-            _tokenizers[key] = built
-    if isinstance(built, StructuredError):
-        raise built
+            built = GrammarModel(
+                "|".join(map(str, key)),
+                model.tokenizer.to_str(),
+                info.vocab_size,
+                tuple(info.eos_token_ids),
+            )
+            _models[key] = built
     return built
 
 

@@ -22,12 +22,12 @@ from typing import Any
 import jsonschema
 
 from kvledger.config.frontend import Limits
-from kvledger.structured import StructuredError, StructuredSpec, check, json_schema_spec
+from kvledger.structured import StructuredError, StructuredSpec, json_schema_spec
 from server.bounds import check_count, check_nested
 from server.client import ServedModel
 from server.errors import APIError
 from server.protocol import SamplingRequest
-from server.structured import model_grammar_tokenizer
+from server.structured import compile_check
 from server.tool_protocol import FunctionDefinition, NamedToolChoice, ToolDefinition
 from server.tool_schema import arguments_schema
 
@@ -121,7 +121,11 @@ def tool_plan(
 
 
 def tool_constraint(
-    plan: ToolPlan, spec: StructuredSpec | None, body: SamplingRequest, model: ServedModel
+    plan: ToolPlan,
+    spec: StructuredSpec | None,
+    body: SamplingRequest,
+    model: ServedModel,
+    limits: Limits,
 ) -> StructuredSpec | None:
     """The request's constraint: a forced call's, compiled here as the worker will compile it
     (a 400 when it does not), else the one the request gave itself (`spec`, which then holds
@@ -142,7 +146,7 @@ def tool_constraint(
             400, "ignore_eos cannot be combined with a forced tool call", param="ignore_eos"
         )
     try:
-        check(forced, model_grammar_tokenizer(model))
+        compile_check(forced, model, limits)
     except StructuredError as err:
         raise APIError(400, f"the tools cannot be constrained: {err}", param="tools") from None
     return forced

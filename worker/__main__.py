@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -14,6 +15,7 @@ import prometheus_client
 
 from kvledger.config.worker import CPU_KV_CACHE_BYTES, WorkerSettings
 from kvledger.flags import WORKER, config_for, parse
+from kvledger.groups import GrammarLimits
 from kvledger.log import setup_logging
 from kvledger.metrics_http import start_metrics_server
 from kvledger.models import resolve_model
@@ -160,6 +162,10 @@ def runner_kwargs(settings: WorkerSettings) -> dict[str, Any]:
         cuda_graph_max_batch=settings.cuda_graph_max_batch if settings.cuda_graphs else 0,
         progress=settings.log_format == "text",  # a progress bar is no JSON line
         tokenizer=settings.tokenizer,  # structured outputs' grammars read it (None: the model's)
+        # what a grammar may cost, the frontend's bounds (--max-structured-depth, ...)
+        grammar_limits=GrammarLimits(
+            **{f.name: getattr(settings, f.name) for f in dataclasses.fields(GrammarLimits)}
+        ),
     )
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from kvledger.groups import (
     LOOPBACK,
     FrontendToken,
+    GrammarLimits,
     GrpcTlsOptions,
     LogOptions,
     MetricsOptions,
@@ -20,8 +21,9 @@ from kvledger.options import group, option
 
 
 @dataclass(frozen=True)
-class Limits:
-    """Request and connection limits, checked before any model work (server/limits.py)."""
+class Limits(GrammarLimits):
+    """Request and connection limits, checked before any model work (server/limits.py); what
+    a structured-output constraint may cost (GrammarLimits, shared with the worker)."""
 
     max_request_body_bytes: int = option(4 * 1024 * 1024, "largest accepted request body")
     max_prompts_per_request: int = option(64, "most prompts (times n) in one completion")
@@ -70,8 +72,13 @@ class Limits:
     max_structured_chars: int = option(
         65536,
         "most characters in a structured-output constraint (a JSON schema's keys and strings, "
-        "with one counted for each other value; a regex, grammar or the choices); a schema "
-        "also nests at most 64 levels",
+        "with one counted for each other value; a regex, grammar or the choices)",
+    )
+    structured_compile_timeout: float = option(
+        2.0,
+        "seconds the frontend's check of a structured-output constraint may compile for (in a "
+        "child process of its own, which is killed past it); longer is a 400",
+        ge=0.01,
     )
     max_tools: int = option(128, "most tools (functions) one chat request offers")
     max_tools_chars: int = option(

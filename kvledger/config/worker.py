@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvledger.groups import (
+    GrammarLimits,
     GrpcTlsOptions,
     LogOptions,
     MetricsOptions,
@@ -35,7 +36,13 @@ CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
 
 @dataclass(frozen=True)
 class WorkerSettings(
-    SchedulerAddress, GrpcTlsOptions, MetricsOptions, WorkerToken, ShutdownOptions, LogOptions
+    SchedulerAddress,
+    GrpcTlsOptions,
+    MetricsOptions,
+    WorkerToken,
+    ShutdownOptions,
+    LogOptions,
+    GrammarLimits,
 ):
     """`python -m worker`'s flags."""
 

@@ -87,7 +87,7 @@ def _prepare(
     limits = settings.limits
     tools = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls, limits)
     if tools is not None:
-        spec = tool_constraint(tools, spec, body, model)
+        spec = tool_constraint(tools, spec, body, model, limits)
     prompt = chat_prompt(
         body.messages, body, model, limits, settings.special_tokens_in_content, tools
     )

@@ -8,19 +8,24 @@ the worker starts (from a GGUF model's already parsed file), not by the first re
 
 from __future__ import annotations
 
+import ctypes
 import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jsonschema
+import llguidance
 import pytest
 import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from kvledger.groups import GrammarLimits
 from kvledger.structured import StructuredError, StructuredSpec, choice_spec, json_schema_spec
 from server.token_bytes import byte_of_char
 from worker.runner.batch import SeqChunk
-from worker.sample.constraints import Grammars, allowed
+from worker.sample.constraints import COMPILE_STACK_BYTES, Grammars, allowed
 from worker.sample.sampler import Sampler
 from worker.sample.sampling_params import SamplingParams
 
@@ -146,11 +151,62 @@ def test_a_token_the_grammar_refuses_fails_the_request_alone(grammars):
     assert out[1].error is None
 
 
-def test_a_spec_that_does_not_compile_is_refused_by_name(grammars):
-    with pytest.raises(StructuredError, match="regex|unclosed"):
-        grammars.constraint(StructuredSpec("regex", "a(b"))
-    with pytest.raises(StructuredError, match="not valid JSON"):
-        grammars.constraint(StructuredSpec("json", "{"))
+def test_a_spec_that_does_not_compile_fails_its_request_alone_by_name(grammars):
+    """The compile runs on the compile thread; its failure is the request's error at its first
+    mask, and the other rows of the batch sample as usual."""
+    for spec, why in [
+        (StructuredSpec("regex", "a(b"), "unclosed"),
+        (StructuredSpec("json", "{"), "not valid JSON"),
+        (json_schema_spec({"type": "string", "maxLength": 10**30}), "cannot be compiled"),
+    ]:
+        chunks = [chunk(grammars, spec, []), chunk(grammars, None, [])]
+        out = sample(grammars, torch.randn(2, VOCAB), chunks)
+        assert out[0].error is not None and why in out[0].error, out[0].error
+        assert out[1].error is None
+
+
+def test_a_spec_past_the_depth_bound_is_refused_before_the_engine_compiles_it(
+    tokenizer_dir, monkeypatch
+):
+    """The worker applies the depth bound too (a spec reaching it past a frontend with other
+    settings): refused by the pure walk, and the engine's compiler is never called."""
+    chain = {"$defs": {str(i): {"items": {"$ref": f"#/$defs/{i + 1}"}} for i in range(40)}}
+    chain["$ref"] = "#/$defs/0"
+    limits = GrammarLimits(max_structured_depth=16)
+    grammars = Grammars(str(tokenizer_dir), VOCAB, [EOS], limits=limits)
+    called = []
+    monkeypatch.setattr(
+        llguidance.LLMatcher, "grammar_from_json_schema", lambda *a, **k: called.append(a)
+    )
+    constraint = grammars.constraint(json_schema_spec(chain))
+    constraint.sync([])
+    assert constraint.error is not None and "at most 16" in constraint.error
+    assert not called
+
+
+def _thread_stack_bytes() -> int:
+    """The calling thread's real stack size (glibc's pthread_getattr_np)."""
+    libc = ctypes.CDLL(None)
+    libc.pthread_self.restype = ctypes.c_ulong
+    attr = ctypes.create_string_buffer(256)  # a pthread_attr_t, with room to spare
+    assert libc.pthread_getattr_np(ctypes.c_ulong(libc.pthread_self()), attr) == 0
+    address, size = ctypes.c_void_p(), ctypes.c_size_t()
+    libc.pthread_attr_getstack(attr, ctypes.byref(address), ctypes.byref(size))
+    libc.pthread_attr_destroy(attr)
+    return size.value
+
+
+def test_specs_compile_on_a_thread_with_a_large_stack(grammars):
+    """The engine's compiler recurses on a spec's depth: it runs on a thread whose stack is
+    COMPILE_STACK_BYTES (the margin past the depth bound), and the process-wide default for
+    other threads is left as it was."""
+    grammars.constraint(StructuredSpec("regex", "[a-z]{1,8}")).template.result(timeout=60)
+    assert grammars._compiler is not None
+    assert grammars._compiler.submit(_thread_stack_bytes).result() >= COMPILE_STACK_BYTES
+    assert threading.stack_size() == 0
+    other = ThreadPoolExecutor(1)
+    assert other.submit(_thread_stack_bytes).result() < COMPILE_STACK_BYTES
+    other.shutdown()
 
 
 def test_grammars_compile_once_per_spec(grammars):

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from kvledger.groups import GrammarLimits
 from kvledger.structured import StructuredSpec
 from worker.config import is_encoder
 from worker.parallel.distributed import TPGroup
@@ -69,6 +70,7 @@ def load_runner(
     progress: bool = True,
     tp: TPGroup | None = None,
     tokenizer: str | None = None,
+    grammar_limits: GrammarLimits | None = None,
 ) -> ModelRunner | EmbeddingRunner:
     """The worker's flags, whichever the model: an encoder keeps no KV cache and samples
     nothing, so the KV sizing, the seed, the attention backend, the decoder's fused CPU ops
@@ -104,4 +106,5 @@ def load_runner(
         progress=progress,
         tp=tp,
         tokenizer=tokenizer,
+        grammar_limits=grammar_limits,
     )

@@ -12,6 +12,7 @@ import torch
 
 from kvledger.config.worker import DTYPES as DTYPE_NAMES
 from kvledger.gguf_file import is_gguf
+from kvledger.groups import GrammarLimits
 from kvledger.structured import StructuredSpec
 from worker import native
 from worker.attention import get_backend
@@ -85,6 +86,7 @@ class ModelRunner:
         quantization: str = "auto",
         cuda_graph_max_batch: int = 0,
         tokenizer: str | None = None,
+        grammar_limits: GrammarLimits | None = None,
     ) -> None:
         self.tp = tp = tp or TPGroup()
         default_threads(tp.size if torch.device(device).type == "cpu" else 1)
@@ -143,7 +145,11 @@ class ModelRunner:
         # structured outputs: grammars over the model's tokenizer (--tokenizer's, if given)
         source = Path(tokenizer).expanduser().resolve() if tokenizer else Path(model_path)
         self.grammars = Grammars(
-            str(source), self.vocab_size, self.eos_token_ids, gguf_metadata=_gguf_metadata(source)
+            str(source),
+            self.vocab_size,
+            self.eos_token_ids,
+            gguf_metadata=_gguf_metadata(source),
+            limits=grammar_limits,
         )
         self.graphs: DecodeGraphs | None = None
         if graphs:

@@ -6,7 +6,11 @@ Rules, and why:
   mask it catches up on the outputs it has not seen (`Constraint.sync`). A request that comes
   back after preemption, recomputation, a lost worker or a resumed stream arrives with its
   outputs so far, and gets a fresh matcher that replays them; nothing is carried by the plan.
-- Grammars compile once per spec per worker (an LRU of compiled matchers, copied per request).
+- Grammars compile once per spec per worker (an LRU of compiled matchers, copied per request),
+  under the settings' bounds (kvledger/groups.py: GrammarLimits; the depth is checked before
+  the engine runs), on a compile thread of their own with a large stack. A request's compile
+  starts when its plan arrives and is waited for only by its first mask, which is computed on
+  the mask thread beside the forward pass: the compile overlaps the step's forward.
   The engine's tokenizer is built when the worker starts, on a thread of its own
   (`Grammars.prepare`; for a GGUF model, from the vocabulary its checkpoint kept from the one
   parse of the file, which takes seconds): the first structured request waits only for what
@@ -36,28 +40,45 @@ import llguidance
 import torch
 
 from kvledger.grammar_tokenizer import build_grammar_tokenizer
-from kvledger.structured import StructuredError, StructuredSpec, grammar_of
+from kvledger.groups import GrammarLimits
+from kvledger.structured import StructuredError, StructuredSpec, compile_matcher
 
 log = logging.getLogger(__name__)
 
 # Compiled grammars kept per worker; a request copies one (a copy costs about a microsecond).
 MAX_COMPILED = 64
-# The engine's own diagnostics stay off stderr; a failure's message is the request's error.
-QUIET = llguidance.LLParserLimits(verbose_errors=False)
+# The compile thread's stack: the margin past --max-structured-depth (the engine's compiler
+# recurses on a spec's depth, a few KB a level).
+COMPILE_STACK_BYTES = 256 << 20
 
 
 @dataclass
 class Constraint:
-    """One request's matcher, and how many of its output tokens it has consumed."""
+    """One request's matcher (a copy of its spec's compiled template, once the compile is
+    done), and how many of its output tokens it has consumed."""
 
-    matcher: llguidance.LLMatcher
+    template: Future[llguidance.LLMatcher]
     eos_token_ids: frozenset[int]
     consumed: int = 0
     error: str | None = None
+    _matcher: llguidance.LLMatcher | None = None
+
+    @property
+    def matcher(self) -> llguidance.LLMatcher:
+        """The request's own matcher, waiting for its spec's compile if it is still running;
+        StructuredError when the spec did not compile."""
+        if self._matcher is None:
+            self._matcher = self.template.result().deep_copy()
+        return self._matcher
 
     def sync(self, outputs: Sequence[int]) -> None:
         """Consume the outputs not seen yet. After the grammar ended, only EOS may follow
         (sampled again by a bundled step that ran past the end, or under min_tokens)."""
+        if self._matcher is None and self.error is None:
+            try:
+                self.matcher  # noqa: B018 - the compile's outcome, waited for here
+            except StructuredError as err:
+                self.error = str(err)
         for token in outputs[self.consumed :]:
             if self.error is not None:
                 return
@@ -90,8 +111,10 @@ class Grammars:
         vocab_size: int,
         eos_token_ids: Sequence[int],
         gguf_metadata: dict[str, Any] | None = None,
+        limits: GrammarLimits | None = None,
     ) -> None:
         self.source = tokenizer_source
+        self.limits = limits or GrammarLimits()
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
         # the metadata of the GGUF file at `source`, vocabulary included, as the worker parsed
@@ -99,9 +122,10 @@ class Grammars:
         self._gguf_metadata = gguf_metadata
         self._tokenizer: Future[llguidance.LLTokenizer | StructuredError] | None = None
         self._lock = threading.Lock()
-        self._compiled: OrderedDict[StructuredSpec, llguidance.LLMatcher] = OrderedDict()
+        self._compiled: OrderedDict[StructuredSpec, Future[llguidance.LLMatcher]] = OrderedDict()
         self._engine: llguidance.LLExecutor | None = None
         self._thread: ThreadPoolExecutor | None = None
+        self._compiler: ThreadPoolExecutor | None = None
 
     def prepare(self) -> Future[llguidance.LLTokenizer | StructuredError]:
         """Starts building the engine's tokenizer (once) on a daemon thread; its outcome, or
@@ -142,20 +166,32 @@ class Grammars:
         return built
 
     def constraint(self, spec: StructuredSpec) -> Constraint:
-        """A fresh matcher for `spec`; StructuredError when it cannot be built here."""
+        """A fresh matcher for `spec`, whose compile (if not done already) starts now on the
+        compile thread; StructuredError when this model's tokenizer cannot be constrained. A
+        spec that does not compile fails its request at its first mask."""
         tokenizer = self.tokenizer()
         template = self._compiled.get(spec)
         if template is None:
-            template = llguidance.LLMatcher(tokenizer, grammar_of(spec), log_level=0, limits=QUIET)
-            if template.is_error():
-                raise StructuredError("structured output: " + template.get_error())
+            template = self._compile_thread().submit(compile_matcher, spec, tokenizer, self.limits)
             self._compiled[spec] = template
             if len(self._compiled) > MAX_COMPILED:
                 self._compiled.popitem(last=False)
         else:
             self._compiled.move_to_end(spec)
         # the model's EOS ids, or what the engine took for EOS when the model names none
-        return Constraint(template.deep_copy(), frozenset(tokenizer.eos_tokens))
+        return Constraint(template, frozenset(tokenizer.eos_tokens))
+
+    def _compile_thread(self) -> ThreadPoolExecutor:
+        """One thread, started with COMPILE_STACK_BYTES of stack (threading's stack size is
+        process-wide, so it is set only while that thread starts)."""
+        if self._compiler is None:
+            previous = threading.stack_size(COMPILE_STACK_BYTES)
+            try:
+                self._compiler = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+                self._compiler.submit(lambda: None).result()  # the thread starts now
+            finally:
+                threading.stack_size(previous)
+        return self._compiler
 
     def start(self, rows: list[tuple[int, Constraint, Sequence[int]]]) -> Future[Masks]:
         """Masks for (batch row, constraint, outputs so far), computed on the side thread."""
