@@ -150,7 +150,7 @@ class RequestEmbedding(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StepResult(_message.Message):
-    __slots__ = ("step_id", "sampled", "errors", "embeddings", "stale_request_ids", "stored", "removed_block_ids", "all_cleared", "step_seconds", "prompt_logprobs", "then")
+    __slots__ = ("step_id", "sampled", "errors", "embeddings", "stale_request_ids", "stored", "removed_block_ids", "all_cleared", "step_seconds", "prompt_logprobs", "then", "deferred_request_ids")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,7 @@ class StepResult(_message.Message):
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     THEN_FIELD_NUMBER: _ClassVar[int]
+    DEFERRED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     sampled: _containers.RepeatedCompositeFieldContainer[SampledToken]
     errors: _containers.RepeatedCompositeFieldContainer[RequestError]
@@ -173,4 +174,5 @@ class StepResult(_message.Message):
     step_seconds: float
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[PromptLogprobs]
     then: _containers.RepeatedCompositeFieldContainer[StepResult]
-    def __init__(self, step_id: _Optional[int] = ..., sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[RequestError, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[RequestEmbedding, _Mapping]]] = ..., stale_request_ids: _Optional[_Iterable[str]] = ..., stored: _Optional[_Iterable[_Union[BlockHash, _Mapping]]] = ..., removed_block_ids: _Optional[_Iterable[int]] = ..., all_cleared: _Optional[bool] = ..., step_seconds: _Optional[float] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobs, _Mapping]]] = ..., then: _Optional[_Iterable[_Union[StepResult, _Mapping]]] = ...) -> None: ...
+    deferred_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, step_id: _Optional[int] = ..., sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[RequestError, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[RequestEmbedding, _Mapping]]] = ..., stale_request_ids: _Optional[_Iterable[str]] = ..., stored: _Optional[_Iterable[_Union[BlockHash, _Mapping]]] = ..., removed_block_ids: _Optional[_Iterable[int]] = ..., all_cleared: _Optional[bool] = ..., step_seconds: _Optional[float] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobs, _Mapping]]] = ..., then: _Optional[_Iterable[_Union[StepResult, _Mapping]]] = ..., deferred_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -245,6 +245,10 @@ class LedgerCollector(Collector):
             ),
             "evictions": counter("kv_block_evictions", "Cached blocks evicted for reuse"),
             "preemptions": counter("num_preemptions", "Requests preempted for recompute"),
+            "deferrals": counter(
+                "grammar_deferrals",
+                "Requests a worker left out of a step because their grammar was still compiling",
+            ),
             "entries": gauge("tracker_entries", "Live tracker entries"),
             "total": gauge("kv_blocks_capacity", "KV blocks in the worker's pool (its capacity)"),
             "in_use": gauge("kv_blocks_in_use", "KV blocks referenced by a request"),
@@ -272,6 +276,7 @@ class LedgerCollector(Collector):
             fams["table_orphans"].add_metric(lv, snap.table_orphans)
             fams["evictions"].add_metric(lv, snap.evictions)
             fams["preemptions"].add_metric(lv, snap.preemptions)
+            fams["deferrals"].add_metric(lv, snap.grammar_deferrals)
             if not live:
                 continue
             fams["entries"].add_metric(lv, snap.tracker_entries)

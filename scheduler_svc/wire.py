@@ -118,6 +118,7 @@ def model_result_from(result: worker_pb2.StepResult) -> ModelResult:
         sampled={s.request_id: s.token_id for s in result.sampled},
         errored={e.request_id: e.message for e in result.errors},
         stale_request_ids=list(result.stale_request_ids),
+        deferred_request_ids=list(result.deferred_request_ids),
         embedded=[e.request_id for e in result.embeddings],
         removed_block_ids=list(result.removed_block_ids),
         all_cleared=result.all_cleared,

@@ -103,7 +103,8 @@ class Executor:
         self, plan: StepPlan, message: str, partial: StepOutput | None = None
     ) -> StepOutput:
         """A step that raised: its requests end with an error, except those it had already
-        refused as stale (`partial`; they are recomputed), and the worker keeps serving.
+        refused as stale or deferred (`partial`; they are planned again), and the worker
+        keeps serving.
 
         Only what this step may have written is forgotten: the blocks it declared, and the
         blocks it newly handed to a request. Claimed blocks and blocks filled in earlier steps
@@ -113,6 +114,7 @@ class Executor:
         out = StepOutput(step_id=plan.step_id)
         if partial is not None:
             out.stale_request_ids.extend(partial.stale_request_ids)
+            out.deferred_request_ids.extend(partial.deferred_request_ids)
             out.removed_block_ids.extend(partial.removed_block_ids)
         for new in plan.new:
             claimed = {b for b, _ in new.claimed}
@@ -121,7 +123,7 @@ class Executor:
             self.provenance.forget(cont.new_block_ids)
         items = plan.items()
         self.provenance.forget(b for item in items for b, _ in item.written)
-        stale = set(out.stale_request_ids)
+        stale = set(out.stale_request_ids) | set(out.deferred_request_ids)
         for item in items:
             self.seqs.pop(item.request_id, None)
             self.voided.add(item.request_id)
@@ -196,6 +198,7 @@ class Executor:
                     chunks.append(chunk)
             if error is not None:
                 self._fail(seq.request_id, error, writes, out)
+        chunks = self._defer_compiling(chunks, bool(items), writes, out)
         # A request reading blocks that a failed request of this step was to write is refused.
         unwritten = writes.unwritten_reads({c.request_id: c.block_table for c in chunks})
         for request_id, block_ids in unwritten.items():
@@ -205,6 +208,28 @@ class Executor:
             self._generate(chunks, writes, out)
         if items:
             self._embed(items, writes, out)
+
+    def _defer_compiling(
+        self, chunks: list[SeqChunk], other_work: bool, writes: PlanWrites, out: StepOutput
+    ) -> list[SeqChunk]:
+        """A chunk that would sample while its grammar still compiles is left out of a step
+        that runs other work (which would wait for the compile), and reported deferred: the
+        scheduler requeues it and plans it again, by when it has usually compiled. Only such
+        chunks in the step: they run, and the step waits for their compiles, since no other
+        request waits on this worker then."""
+        waiting = {
+            c.request_id
+            for c in chunks
+            if c.sample and c.constraint is not None and not c.constraint.ready()
+        }
+        if not waiting or (len(waiting) == len(chunks) and not other_work):
+            return chunks
+        for request_id in waiting:
+            out.deferred_request_ids.append(request_id)
+            writes.failed.add(request_id)  # nothing it was to write is declared written
+            self.voided.add(request_id)
+            self.seqs.pop(request_id, None)
+        return [c for c in chunks if c.request_id not in waiting]
 
     def _chunk(self, seq: SeqState, count: int) -> tuple[SeqChunk | None, str | None]:
         if self.runner.kind == "embed":

@@ -105,6 +105,8 @@ class ModelResult:
     sampled: dict[str, int] = field(default_factory=dict)
     errored: dict[str, str] = field(default_factory=dict)  # request_id -> message
     stale_request_ids: list[str] = field(default_factory=list)  # refused claims: recompute
+    # not run, their grammar still compiling while others ran: back to the queue, no cost
+    deferred_request_ids: list[str] = field(default_factory=list)
     embedded: list[str] = field(default_factory=list)
     removed_block_ids: list[int] = field(default_factory=list)
     all_cleared: bool = False  # the worker (re)started: every cached hash is gone

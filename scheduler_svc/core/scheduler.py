@@ -116,6 +116,7 @@ class Scheduler:
             usage=kv.usage,
             num_running=len(self.running),
             num_waiting=len(self.waiting),
+            grammar_deferrals=stats.grammar_deferrals,
         )
 
     def check_invariants(self) -> None:
@@ -362,7 +363,8 @@ class Scheduler:
             self._worker_restarted()
         if result.removed_block_ids:
             self.kv.remove_blocks(result.removed_block_ids, "worker_report")
-        failed = set(result.errored) | set(result.stale_request_ids)
+        deferred = result.deferred_request_ids
+        failed = set(result.errored) | set(result.stale_request_ids) | set(deferred)
         if failed:
             self._forget_unwritten(output, failed)
         for rid, message in result.errored.items():
@@ -371,6 +373,7 @@ class Scheduler:
                 self._finish(request, FinishReason.ERROR, message, "error", batched=True)
                 updates.append(update_of(request))
         self._requeue_refused(result.stale_request_ids)
+        self._requeue_deferred(deferred)
         scheduled: Iterable[ScheduledNew | ScheduledCont] = iter_chain(output.new, output.cont)
         self._apply_samples(scheduled, result, updates)
         if self._running_dirty:
@@ -397,10 +400,22 @@ class Scheduler:
         self._requeue_in_order(live, "preempted")
         bump(self.stats.stale_entries, "worker_report", len(live))
 
-    def _requeue_in_order(self, requests: list[Request], release_reason: str) -> None:
+    def _requeue_deferred(self, request_ids: Iterable[str]) -> None:
+        """Requests the worker did not run because their grammar was still compiling while
+        other requests ran (it never makes them wait): back to the front of the queue, their
+        blocks freed (nothing was written to them), to be admitted again next step. Not a
+        preemption, and not stale: counted as released for `grammar_pending`."""
+        deferred = [self.requests.get(rid) for rid in request_ids]
+        live = [r for r in deferred if r is not None and r.status is RUNNING]
+        self._requeue_in_order(live, "grammar_pending", preempted=False)
+        self.stats.grammar_deferrals += len(live)
+
+    def _requeue_in_order(
+        self, requests: list[Request], release_reason: str, preempted: bool = True
+    ) -> None:
         # each goes to the front of the queue, so the one to serve first goes last
         for request in reversed(self._order(requests)):
-            self._requeue(request, release_reason)
+            self._requeue(request, release_reason, preempted)
             self._running_dirty = True
 
     def _apply_samples(
@@ -454,14 +469,14 @@ class Scheduler:
 
     # -- state changes --------------------------------------------------------------------
 
-    def _requeue(self, request: Request, release_reason: str) -> None:
+    def _requeue(self, request: Request, release_reason: str, preempted: bool = True) -> None:
         """A running request back to the front of the queue to recompute; the caller takes it
         off `running`."""
         rid = request.request_id
         self.kv.free(rid)
         self._count_running(request, -1)
         request.reset_for_recompute(RequestStatus.PREEMPTED)
-        request.num_preemptions += 1
+        request.num_preemptions += preempted
         self.tracker.release_lookup(rid, release_reason)
         self.waiting.push_front(request)
         self._dropped.append(rid)

@@ -21,6 +21,7 @@ RELEASE_REASONS = (
     "preempted",
     "error",
     "worker_lost",
+    "grammar_pending",
 )
 
 
@@ -44,6 +45,7 @@ class SchedulerStats:
     table_orphans: int = 0  # block tables without a running request: same
     evictions: int = 0  # cached blocks taken from the free queue for new content
     preemptions: int = 0
+    grammar_deferrals: int = 0  # requests not run a step: their grammar was still compiling
 
 
 @dataclass(frozen=True)
@@ -65,3 +67,4 @@ class SchedulerSnapshot:
     usage: float
     num_running: int
     num_waiting: int
+    grammar_deferrals: int = 0

@@ -59,6 +59,7 @@ class FakeWorker:
         drop_blocks: Iterable[int] = (),
         withhold: Iterable[str] = (),
         excused: frozenset[BlockHashPair] = frozenset(),
+        deferred: Iterable[str] = (),
     ) -> ModelResult:
         """`excused`: writes that failed in an earlier step after this plan was made (two
         plans in flight): a claim on them is refused for a reason the test caused."""
@@ -79,8 +80,11 @@ class FakeWorker:
             self.tables[rid].extend(cont.new_block_ids)
         held = {item.request_id for item in chain(out.new, out.cont)}
         errored = {rid: why for rid, why in (errored or {}).items() if rid in held}
-        refused = self._refused_claims(out, errored, excused)
-        failed = refused | set(errored)
+        # deferred (their grammar still compiling): not run, like an error, but requeued
+        later = {rid: "" for rid in deferred if rid in held and rid not in errored}
+        refused = self._refused_claims(out, {**errored, **later}, excused)
+        deferred = set(later) - refused  # the real worker checks provenance first
+        failed = refused | set(errored) | deferred
         unwritten = written_by(out, failed) | excused
         # a block written now may also be claimed now (same-step sharing), nothing else
         shared_now = {b for new in out.new for b, _ in new.claimed} & {
@@ -92,6 +96,7 @@ class FakeWorker:
         for new in out.new:
             self._check_claims(new.request_id, new.claimed, unwritten)
         result = ModelResult(errored=errored, stale_request_ids=sorted(refused))
+        result.deferred_request_ids = sorted(deferred)
         result.removed_block_ids = sorted(
             {b for rid in refused for b, h in self._claimed(out, rid) if self.declared.get(b) != h}
         )

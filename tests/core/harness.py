@@ -92,7 +92,9 @@ class Harness:
         out = self.pending.pop(0)
         excused = self.excused.pop(id(out), frozenset())
         result = self.worker.run(out, excused=excused, **inject)  # type: ignore[arg-type]
-        voided = set(result.errored) | set(result.stale_request_ids)
+        voided = (
+            set(result.errored) | set(result.stale_request_ids) | set(result.deferred_request_ids)
+        )
         failed = written_by(out, voided)
         removed = set(result.removed_block_ids)
         for later in self.pending:  # planned before this failure or removal was reported

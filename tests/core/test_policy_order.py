@@ -39,3 +39,30 @@ def test_requests_the_worker_refuses_return_to_the_queue_in_policy_order(
     out = sched.schedule()
     assert sorted(out.dropped_request_ids) == ["r0", "r1", "r2"]
     assert [new.request_id for new in out.new] == ["r0", "r1", "r2"]
+
+
+def test_a_request_deferred_for_its_grammar_is_requeued_freed_and_run_next(kv: bool) -> None:
+    """A worker leaves out of a step a request whose grammar still compiles (it would make the
+    others wait): the scheduler frees its blocks (nothing was written), puts it back at the
+    front of the queue without calling it a preemption or a stale entry, and plans it again
+    next step, where it runs to the end; the ledger is idle afterwards."""
+    h = Harness.build(kv)
+    h.add(request("other", range(8), max_tokens=3), request("json", range(40, 48), max_tokens=2))
+    out = h.step(deferred=["json"])
+    assert {n.request_id for n in out.new} == {"other", "json"}
+    sched = h.sched
+    assert [r.request_id for r in sched.waiting] == ["json"]
+    assert [r.request_id for r in sched.running] == ["other"]
+    assert sched.stats.grammar_deferrals == 1
+    assert sched.stats.preemptions == 0 and sum(sched.stats.stale_entries.values()) == 0
+    assert sched.requests["json"].num_preemptions == 0
+    if kv:
+        held = {b for t in h.worker.tables.values() for b in t}
+        assert sched.kv.num_blocks_total - sched.kv.num_free_blocks == len(held)
+    out = h.step()
+    assert "json" in out.dropped_request_ids and [n.request_id for n in out.new] == ["json"]
+    h.run_to_idle()
+    assert sched.snapshot().tracker_entries == 0
+    assert sched.kv.num_free_blocks == sched.kv.num_blocks_total
+    finished = {u.request_id for u in h.updates if u.finish_reason is not None}
+    assert finished == {"other", "json"}

@@ -244,8 +244,11 @@ class LedgerMachine(RuleBasedStateMachine):
         if scheduled and data.draw(st.booleans(), "error one"):
             errored[data.draw(st.sampled_from(scheduled), "errored")] = "boom"
             self.errors_injected |= set(errored)
+        deferred = []
+        if scheduled and data.draw(st.booleans(), "defer one"):  # its grammar still compiles
+            deferred = [data.draw(st.sampled_from(scheduled), "deferred")]
         drop = self._draw_drop(data) if self.kv else []
-        h.finish_step(errored=errored, drop_blocks=drop)
+        h.finish_step(errored=errored, drop_blocks=drop, deferred=deferred)
         self.steps += 1
 
     def _draw_drop(self, data: st.DataObject) -> list[int]:

@@ -3,12 +3,16 @@ preemption) and the sampling parameters each chunk carries."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 import pytest
 
+from kvledger.structured import StructuredSpec
 from protos import frontend_pb2, worker_pb2
 from tests.worker.executor_plans import LimitedRunner, RecordingRunner, bh, new_request
 from tests.worker.helpers import wire_step
 from worker.executor import Executor
+from worker.sample.constraints import Constraint
 
 
 def test_prefill_then_decode_follows_plan_deltas():
@@ -125,3 +129,70 @@ def test_prompt_and_output_stay_apart_across_preemption():
     assert chunk.num_prompt_tokens == 4
     assert list(chunk.all_token_ids[:4]) == [1, 2, 3, 4]
     assert list(chunk.all_token_ids[4 : chunk.end_pos]) == [4, 5]
+
+
+class CompilingRunner(RecordingRunner):
+    """A runner whose grammars compile when the test says: each spec's compile is a Future
+    the test completes (the real engine's compile thread at the edge of this unit)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.compiles: dict[str, Future] = {}
+
+    def constraint(self, spec: StructuredSpec) -> Constraint:
+        template = self.compiles.setdefault(spec.spec, Future())
+        return Constraint(template, frozenset({0}))
+
+
+def _structured(rid: str, tokens: list[int], blocks: list[int], regex: str, written=()):
+    req = new_request(rid, tokens, blocks, 0, len(tokens), written=written)
+    req.sampling.structured.CopyFrom(frontend_pb2.StructuredOutput(kind="regex", spec=regex))
+    return req
+
+
+def test_a_request_whose_grammar_still_compiles_is_deferred_while_others_run():
+    """Beside a decoding request, a new structured request whose compile is not done is left
+    out of the step (the other request's token does not wait for the compile): reported
+    deferred, its blocks not declared written, and voided until a plan drops it. Placed again
+    once compiled, it runs."""
+    runner = CompilingRunner()
+    ex = Executor(runner)
+    wire_step(ex, worker_pb2.Plan(step_id=1, new_requests=[new_request("a", [1, 2], [0], 0, 2)]))
+    cont = worker_pb2.ContinueRequest(
+        request_id="a", new_block_ids=[], num_computed_tokens=2, num_scheduled_tokens=1
+    )
+    plan = worker_pb2.Plan(
+        step_id=2,
+        continuing=[cont],
+        new_requests=[_structured("j", list(range(16)), [1], "x+", written=[bh(1, b"j0")])],
+    )
+    result = wire_step(ex, plan)
+    assert list(result.deferred_request_ids) == ["j"]
+    assert [s.request_id for s in result.sampled] == ["a"]
+    assert [c.request_id for c in runner.calls[-1]] == ["a"]
+    assert list(result.stored) == [] and not result.errors
+    assert "j" in ex.voided and "j" not in ex.seqs
+    runner.compiles["x+"].set_result(object())
+    cont.num_computed_tokens = 3
+    plan = worker_pb2.Plan(
+        step_id=3,
+        dropped_request_ids=["j"],
+        continuing=[cont],
+        new_requests=[_structured("j", list(range(16)), [1], "x+", written=[bh(1, b"j0")])],
+    )
+    result = wire_step(ex, plan)
+    assert not result.deferred_request_ids
+    assert sorted(s.request_id for s in result.sampled) == ["a", "j"]
+    assert [(b.block_id, b.hash) for b in result.stored] == [(1, b"j0")]
+
+
+def test_requests_whose_grammar_compiles_run_when_nothing_else_would_wait():
+    """Alone on the worker, a structured request is not deferred: its step waits for the
+    compile, and no other request waits on this worker meanwhile."""
+    runner = CompilingRunner()
+    ex = Executor(runner)
+    result = wire_step(
+        ex, worker_pb2.Plan(step_id=1, new_requests=[_structured("j", [1, 2], [0], "y")])
+    )
+    assert not result.deferred_request_ids
+    assert [s.request_id for s in result.sampled] == ["j"]

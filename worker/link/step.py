@@ -71,6 +71,8 @@ class StepOutput:
     embeddings: list[tuple[str, list[float]]] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)  # request id, message
     stale_request_ids: list[str] = field(default_factory=list)  # refused by provenance
+    # not run: their grammar still compiles and other requests ran (worker/executor.py)
+    deferred_request_ids: list[str] = field(default_factory=list)
     stored: list[BlockHashPair] = field(default_factory=list)  # content now written
     removed_block_ids: list[int] = field(default_factory=list)  # dropped or refused
     step_seconds: float = 0.0

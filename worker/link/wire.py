@@ -90,6 +90,7 @@ def result_to_wire(out: StepOutput) -> worker_pb2.StepResult:
     result = worker_pb2.StepResult(
         step_id=out.step_id,
         stale_request_ids=out.stale_request_ids,
+        deferred_request_ids=out.deferred_request_ids,
         removed_block_ids=out.removed_block_ids,
         step_seconds=out.step_seconds,
     )

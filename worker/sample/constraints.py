@@ -71,6 +71,10 @@ class Constraint:
             self._matcher = self.template.result().deep_copy()
         return self._matcher
 
+    def ready(self) -> bool:
+        """Whether the matcher can be had without waiting for a compile."""
+        return self._matcher is not None or self.template.done()
+
     def sync(self, outputs: Sequence[int]) -> None:
         """Consume the outputs not seen yet. After the grammar ended, only EOS may follow
         (sampled again by a bundled step that ran past the end, or under min_tokens)."""
