@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import queue
 import select
 import signal
@@ -37,6 +38,9 @@ from server.grammar_child import write_message
 log = logging.getLogger(__name__)
 
 CHILDREN = 2
+POLL_SECONDS = 0.02  # how often a waiting check reads its child's CPU time
+WALL_FACTOR, MIN_WALL = 10.0, 30.0  # the wall-clock backstop of a check
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # Building a tokenizer for the engine is not the spec's cost (about a second for a 49k vocabulary).
 TOKENIZER_TIMEOUT = 120.0
 
@@ -49,6 +53,34 @@ class GrammarModel:
     tokenizer_json: str = field(repr=False)
     vocab_size: int
     eos_token_ids: tuple[int, ...]
+
+
+class _Budget:
+    """What one request to a child may spend: CPU seconds, read from /proc (wall time where
+    /proc cannot be read), and a wall-clock backstop."""
+
+    def __init__(self, pid: int, cpu_seconds: float) -> None:
+        self.pid, self.cpu_seconds = pid, cpu_seconds
+        self.wall_deadline = time.monotonic() + max(MIN_WALL, WALL_FACTOR * cpu_seconds)
+        self.started = time.monotonic()
+        self.cpu_at_start = self._cpu()
+
+    def _cpu(self) -> float | None:
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def spent(self) -> bool:
+        now = time.monotonic()
+        if now >= self.wall_deadline:
+            return True
+        cpu = self._cpu()
+        if cpu is None or self.cpu_at_start is None:
+            return now - self.started >= self.cpu_seconds
+        return cpu - self.cpu_at_start >= self.cpu_seconds
 
 
 class _Died(Exception):
@@ -66,28 +98,30 @@ class _Child:
         )
         self.tokenizers: dict[str, str | None] = {}  # key -> None (built) or why it was refused
 
-    def ask(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """The child's answer within `timeout` seconds; TimeoutError (the child is killed) or
-        _Died otherwise."""
+    def ask(self, message: dict[str, Any], cpu_seconds: float) -> dict[str, Any]:
+        """The child's answer within `cpu_seconds` of its CPU time (and WALL_FACTOR times that
+        of wall time, at least MIN_WALL); TimeoutError (the child is killed) or _Died
+        otherwise. CPU time, not wall time: the child runs at a low priority, so on a busy
+        machine its wall time says how loaded the machine is, not what the spec costs."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
             write_message(self.proc.stdin, message)  # type: ignore[arg-type]
         except OSError:
             raise _Died from None
-        deadline = time.monotonic() + timeout
-        head = self._read(4, deadline)
+        budget = _Budget(self.proc.pid, cpu_seconds)
+        head = self._read(4, budget)
         (size,) = struct.unpack(">I", head)
-        return json.loads(self._read(size, deadline))
+        return json.loads(self._read(size, budget))
 
-    def _read(self, size: int, deadline: float) -> bytes:
+    def _read(self, size: int, budget: _Budget) -> bytes:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         data = b""
         while len(data) < size:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                self.kill()
-                raise TimeoutError
+            while not select.select([fd], [], [], POLL_SECONDS)[0]:
+                if budget.spent():
+                    self.kill()
+                    raise TimeoutError
             chunk = self.proc.stdout.read1(size - len(data))  # type: ignore[union-attr]
             if not chunk:
                 raise _Died
@@ -148,7 +182,7 @@ class GrammarSandbox:
                 self.timeouts += 1
                 child = None
                 raise StructuredError(
-                    f"{what_kind(spec.kind)} takes longer than {timeout:g} s to compile "
+                    f"{what_kind(spec.kind)} takes more than {timeout:g} s of CPU to compile "
                     "(--structured-compile-timeout)"
                 ) from None
             except _Died:

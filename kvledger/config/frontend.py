@@ -76,8 +76,9 @@ class Limits(GrammarLimits):
     )
     structured_compile_timeout: float = option(
         2.0,
-        "seconds the frontend's check of a structured-output constraint may compile for (in a "
-        "child process of its own, which is killed past it); longer is a 400",
+        "CPU seconds the frontend's check of a structured-output constraint may compile for "
+        "(in a low-priority child process of its own, killed past it, or past ten times as "
+        "much wall time, at least 30 s); more is a 400",
         ge=0.01,
     )
     max_tools: int = option(128, "most tools (functions) one chat request offers")

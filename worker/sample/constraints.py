@@ -27,6 +27,7 @@ Rules, and why:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -50,6 +51,7 @@ MAX_COMPILED = 64
 # The compile thread's stack: the margin past --max-structured-depth (the engine's compiler
 # recurses on a spec's depth, a few KB a level).
 COMPILE_STACK_BYTES = 256 << 20
+COMPILE_NICENESS = 10
 
 
 @dataclass
@@ -192,7 +194,7 @@ class Grammars:
             previous = threading.stack_size(COMPILE_STACK_BYTES)
             try:
                 self._compiler = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
-                self._compiler.submit(lambda: None).result()  # the thread starts now
+                self._compiler.submit(_lower_priority).result()  # the thread starts now
             finally:
                 threading.stack_size(previous)
         return self._compiler
@@ -222,6 +224,18 @@ class Grammars:
             if constraint.error is not None:
                 masks.errors[row] = constraint.error
         return masks
+
+
+def _lower_priority() -> None:
+    """The calling thread yields the cores to the step's threads (Linux: per-thread nice), so
+    that a long compile slows no stream."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(
+            os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + COMPILE_NICENESS
+        )
+    except (OSError, AttributeError):  # not Linux: the compile runs at the worker's priority
+        pass
 
 
 # The bits of each byte value, lowest first: a bitmask's bytes index it (little-endian, the
