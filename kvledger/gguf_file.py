@@ -23,6 +23,14 @@ VOCABULARY_KEYS = (
     "tokenizer.ggml.token_type",
     "tokenizer.ggml.merges",
 )
+# Longest string a field may hold, in bytes, checked before any is decoded: a vocabulary's
+# tokens and merges are short (SmolLM2's longest token: 162 bytes), a chat template is a page
+# of Jinja; a longer one is a broken or hostile file (a 1 GB token took a tokenizer build to
+# 2.5 GB of memory).
+MAX_TOKEN_BYTES = 4096
+MAX_TEMPLATE_BYTES = 1 << 20
+MAX_STRING_BYTES = 64 << 10
+MAX_ARRAY_ITEMS = 1 << 22  # a vocabulary of four million tokens
 
 
 class GGUFError(ValueError):
@@ -65,6 +73,7 @@ def open_reader(path: str | Path) -> GGUFReader:
             "download it again"
         ) from None
     _check_complete(reader, path)
+    _check_strings(reader, path)
     return reader
 
 
@@ -102,6 +111,43 @@ def _check_complete(reader: GGUFReader, path: Path) -> None:
                 f"{path} is truncated: tensor {tensor.name} ends at byte "
                 f"{tensor.data_offset + tensor.n_bytes}, the file has {size}; download it again"
             )
+
+
+def _check_strings(reader: GGUFReader, path: Path) -> None:
+    """Every string field, and every string of an array, within its bound (read from the
+    lengths the file gives, nothing decoded); every array within MAX_ARRAY_ITEMS."""
+    from gguf import GGUFValueType
+
+    for key, found in reader.fields.items():
+        if not found.types or GGUFValueType.STRING not in found.types:
+            if found.types and found.types[0] == GGUFValueType.ARRAY:
+                _check_items(key, len(found.data), path)
+            continue
+        limit = _string_limit(key)
+        if found.types[0] == GGUFValueType.ARRAY:
+            _check_items(key, len(found.data), path)
+            sizes = (len(found.parts[i]) for i in found.data)
+        else:
+            sizes = iter([len(found.parts[-1])])
+        longest = max(sizes, default=0)
+        if longest > limit:
+            raise GGUFError(
+                f"{path}: metadata {key} holds a string of {longest} bytes (at most {limit}); "
+                "the file is not a model this server can serve"
+            )
+
+
+def _check_items(key: str, count: int, path: Path) -> None:
+    if count > MAX_ARRAY_ITEMS:
+        raise GGUFError(f"{path}: metadata {key} lists {count} items (at most {MAX_ARRAY_ITEMS})")
+
+
+def _string_limit(key: str) -> int:
+    if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        return MAX_TOKEN_BYTES
+    if key.startswith("tokenizer.chat_template"):
+        return MAX_TEMPLATE_BYTES
+    return MAX_STRING_BYTES
 
 
 def _one_line(err: BaseException) -> str:

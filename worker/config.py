@@ -7,6 +7,7 @@ activation or RoPE type never reaches weight loading.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,56 @@ LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")
 
 class UnsupportedModelError(ValueError):
     pass
+
+
+# The numbers a config may hold (key: least, greatest, integer?, default when absent): each is
+# checked before use, so a NaN RoPE base or a negative layer count stops startup by name
+# rather than serving garbage or failing deep in a tensor op.
+Bounds = dict[str, tuple[float, float, bool]]
+_SIZES: Bounds = {
+    "vocab_size": (1, 1 << 22, True),
+    "hidden_size": (1, 1 << 16, True),
+    "intermediate_size": (1, 1 << 20, True),
+    "num_hidden_layers": (1, 1024, True),
+    "num_attention_heads": (1, 1024, True),
+    "max_position_embeddings": (1, 1 << 24, True),
+}
+DECODER_NUMBERS: Bounds = {
+    **_SIZES,
+    "num_key_value_heads": (1, 1024, True),
+    "head_dim": (1, 1024, True),
+    "rms_norm_eps": (0.0, 0.1, False),
+    "sliding_window": (1, 1 << 24, True),
+}
+ENCODER_NUMBERS: Bounds = {
+    **_SIZES,
+    "layer_norm_eps": (0.0, 0.1, False),
+    "type_vocab_size": (1, 1 << 16, True),
+}
+
+
+def _check_numbers(c: dict[str, Any], bounds: Bounds) -> None:
+    """Each present (not null) value of `bounds` is a finite number in its range, an integer
+    where one is needed; the first that is not is named."""
+    for key, (low, high, integer) in bounds.items():
+        value = c.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UnsupportedModelError(f"config {key} = {value!r} is not a number")
+        if integer and math.isfinite(value) and value != int(value):
+            raise UnsupportedModelError(f"config {key} = {value!r} is not an integer")
+        _in_range(key, value, low, high, open_low=not integer)
+
+
+def _in_range(name: str, value: float, low: float, high: float, open_low: bool = False) -> None:
+    above = value > low if open_low else value >= low
+    if not (math.isfinite(value) and above and value <= high):
+        side = "(" if open_low else "["
+        raise UnsupportedModelError(
+            f"config {name} = {value!r} is out of range: a finite number in {side}{low:g}, "
+            f"{high:g}] is needed"
+        )
 
 
 @dataclass(frozen=True)
@@ -74,6 +125,7 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"{arch}: activation {c['hidden_act']!r} is not supported (only silu)"
             )
+        _check_numbers(c, DECODER_NUMBERS)
         heads = int(c["num_attention_heads"])
         kv_heads = int(c.get("num_key_value_heads") or heads)
         if heads % kv_heads:
@@ -151,6 +203,7 @@ class EncoderConfig:
                 f"{arch}: position_embedding_type {position_type!r} is "
                 "not supported (only absolute)"
             )
+        _check_numbers(c, ENCODER_NUMBERS)
         heads = int(c["num_attention_heads"])
         if int(c["hidden_size"]) % heads:
             raise UnsupportedModelError(
@@ -207,6 +260,7 @@ def parse_rope(c: dict[str, Any]) -> RopeConfig:
     if any(isinstance(v, dict) for v in scaling.values()):
         raise UnsupportedModelError("per-layer-type RoPE parameters are not supported")
     theta = float(scaling.get("rope_theta") or c.get("rope_theta") or 10000.0)
+    _in_range("rope_theta", theta, 1.0, 1e12)
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
     if rope_type not in ROPE_TYPES:
         raise UnsupportedModelError(
@@ -235,6 +289,10 @@ def parse_rope(c: dict[str, Any]) -> RopeConfig:
                 )
     if params.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) != 1.0:
         raise UnsupportedModelError("partial rotary embeddings are not supported")
+    for key, value in params.items():  # factors, frequencies, lengths: finite and positive
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, int | float) and not isinstance(item, bool):
+                _in_range(f"RoPE {key}", item, 0.0, 1e12, open_low=True)
     return RopeConfig(theta=theta, type=rope_type, params=params)
 
 

@@ -86,16 +86,20 @@ def write_llama_gguf(
     tied: bool = False,
     seed: int = 0,
     odd_one: tuple[str, GGMLQuantizationType] | None = None,
+    metadata: dict[str, object] | None = None,
+    long_token: int = 0,
 ) -> Path:
     """A GGUF of a random Llama (SHAPE) with every matrix in `qtype`; `odd_one` stores one
-    tensor (by llama.cpp name) in another type."""
+    tensor (by llama.cpp name) in another type. `metadata` overrides SHAPE's values in the
+    file's metadata only (the weights keep SHAPE); `long_token` makes one control token a
+    string of that many bytes."""
     hf_dir = save_hf_model(out / "hf", "llama", dict(SHAPE, tie_word_embeddings=tied), seed)
     from safetensors.torch import load_file
 
     weights = load_file(str(hf_dir / "model.safetensors"))
     path = out / f"model-{qtype.name}.gguf"
     writer = GGUFWriter(str(path), "llama")
-    _metadata(writer)
+    _metadata(writer, {**SHAPE, **(metadata or {})}, long_token)
     for i, (hf, tensor) in enumerate(sorted(weights.items())):
         if tied and hf == "lm_head.weight":
             continue
@@ -127,8 +131,7 @@ def _add(
         writer.add_tensor(name, quantize(w, kind), raw_dtype=kind)
 
 
-def _metadata(writer: GGUFWriter) -> None:
-    s = SHAPE
+def _metadata(writer: GGUFWriter, s: dict, long_token: int) -> None:
     writer.add_context_length(s["max_position_embeddings"])
     writer.add_embedding_length(s["hidden_size"])
     writer.add_block_count(s["num_hidden_layers"])
@@ -140,6 +143,8 @@ def _metadata(writer: GGUFWriter) -> None:
     writer.add_layer_norm_rms_eps(s["rms_norm_eps"])
     writer.add_vocab_size(s["vocab_size"])
     tokens, types, merges = byte_vocabulary(s["vocab_size"])
+    if long_token:
+        tokens[0] = "<" + "x" * (long_token - 2) + ">"
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("smollm")
     writer.add_token_list(tokens)

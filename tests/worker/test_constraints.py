@@ -8,47 +8,28 @@ the worker starts (from a GGUF model's already parsed file), not by the first re
 
 from __future__ import annotations
 
-import ctypes
 import json
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jsonschema
-import llguidance
 import pytest
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from kvledger.groups import GrammarLimits
 from kvledger.structured import StructuredError, StructuredSpec, choice_spec, json_schema_spec
 from server.token_bytes import byte_of_char
+from tests.worker.byte_tokenizer import EOS, VOCAB, write_byte_tokenizer
 from worker.runner.batch import SeqChunk
-from worker.sample.constraints import COMPILE_STACK_BYTES, Grammars, allowed
+from worker.sample.constraints import Grammars, allowed
 from worker.sample.sampler import Sampler
 from worker.sample.sampling_params import SamplingParams
 
-EOS = 258  # after the 256 byte tokens and two merges
-VOCAB = 300  # wider than the tokenizer: ids 259.. name no token and are never allowed
 PROMPT = [1, 2, 3]
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory) -> Path:
-    """Byte-level BPE: a token per byte, `"` `:` and `{"` merged, and `<eos>`."""
-    char = {b: c for c, b in byte_of_char().items()}
-    vocab = {char[b]: b for b in range(256)}
-    merges = [(char[ord('"')], char[ord(":")]), (char[ord("{")], char[ord('"')])]
-    for a, b in merges:
-        vocab[a + b] = len(vocab)
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken("<eos>", special=True)])
-    out = tmp_path_factory.mktemp("byte-tokenizer")
-    tokenizer.save(str(out / "tokenizer.json"))
-    return out
+    return write_byte_tokenizer(tmp_path_factory.mktemp("byte-tokenizer"))
 
 
 @pytest.fixture
@@ -163,50 +144,6 @@ def test_a_spec_that_does_not_compile_fails_its_request_alone_by_name(grammars):
         out = sample(grammars, torch.randn(2, VOCAB), chunks)
         assert out[0].error is not None and why in out[0].error, out[0].error
         assert out[1].error is None
-
-
-def test_a_spec_past_the_depth_bound_is_refused_before_the_engine_compiles_it(
-    tokenizer_dir, monkeypatch
-):
-    """The worker applies the depth bound too (a spec reaching it past a frontend with other
-    settings): refused by the pure walk, and the engine's compiler is never called."""
-    chain = {"$defs": {str(i): {"items": {"$ref": f"#/$defs/{i + 1}"}} for i in range(40)}}
-    chain["$ref"] = "#/$defs/0"
-    limits = GrammarLimits(max_structured_depth=16)
-    grammars = Grammars(str(tokenizer_dir), VOCAB, [EOS], limits=limits)
-    called = []
-    monkeypatch.setattr(
-        llguidance.LLMatcher, "grammar_from_json_schema", lambda *a, **k: called.append(a)
-    )
-    constraint = grammars.constraint(json_schema_spec(chain))
-    constraint.sync([])
-    assert constraint.error is not None and "at most 16" in constraint.error
-    assert not called
-
-
-def _thread_stack_bytes() -> int:
-    """The calling thread's real stack size (glibc's pthread_getattr_np)."""
-    libc = ctypes.CDLL(None)
-    libc.pthread_self.restype = ctypes.c_ulong
-    attr = ctypes.create_string_buffer(256)  # a pthread_attr_t, with room to spare
-    assert libc.pthread_getattr_np(ctypes.c_ulong(libc.pthread_self()), attr) == 0
-    address, size = ctypes.c_void_p(), ctypes.c_size_t()
-    libc.pthread_attr_getstack(attr, ctypes.byref(address), ctypes.byref(size))
-    libc.pthread_attr_destroy(attr)
-    return size.value
-
-
-def test_specs_compile_on_a_thread_with_a_large_stack(grammars):
-    """The engine's compiler recurses on a spec's depth: it runs on a thread whose stack is
-    COMPILE_STACK_BYTES (the margin past the depth bound), and the process-wide default for
-    other threads is left as it was."""
-    grammars.constraint(StructuredSpec("regex", "[a-z]{1,8}")).template.result(timeout=60)
-    assert grammars._compiler is not None
-    assert grammars._compiler.submit(_thread_stack_bytes).result() >= COMPILE_STACK_BYTES
-    assert threading.stack_size() == 0
-    other = ThreadPoolExecutor(1)
-    assert other.submit(_thread_stack_bytes).result() < COMPILE_STACK_BYTES
-    other.shutdown()
 
 
 def test_grammars_compile_once_per_spec(grammars):

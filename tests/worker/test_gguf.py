@@ -1,7 +1,8 @@
 """GGUF files (written here with gguf.GGUFWriter, one per supported type) load into the worker
 as transformers loads them with `gguf_file=`: every dequantized tensor equals
 gguf.quants.dequantize, logits agree within 1e-4 (float32), greedy decoding token for token.
-An unsupported type and a truncated file stop the worker with one line."""
+An unsupported type, a truncated file, a hyperparameter that is not finite or in range, and a
+string past its bound stop the worker with one line."""
 
 from __future__ import annotations
 
@@ -131,3 +132,29 @@ def test_truncated_file_is_one_line(gguf_file, tmp_path: Path) -> None:
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(whole[: len(whole) - 1000])
     assert_one_line_refusal(worker_startup(cut), "truncated", str(cut))
+
+
+@pytest.mark.parametrize(
+    ("metadata", "words"),
+    [
+        ({"rope_theta": float("nan")}, ("rope_theta", "nan")),
+        ({"rope_theta": -1.0}, ("rope_theta", "out of range")),
+        ({"rms_norm_eps": float("inf")}, ("rms_norm_eps",)),
+        ({"num_hidden_layers": 0}, ("num_hidden_layers", "out of range")),
+    ],
+)
+def test_a_hyperparameter_that_is_not_finite_or_in_range_is_one_line(
+    tmp_path: Path, metadata: dict, words: tuple[str, ...]
+) -> None:
+    """A NaN RoPE base once served, every output garbage: each number is checked first."""
+    from gguf import GGMLQuantizationType
+
+    path = write_llama_gguf(tmp_path, GGMLQuantizationType.F32, metadata=metadata)
+    assert_one_line_refusal(worker_startup(path), *words)
+
+
+def test_a_huge_token_string_is_one_line_before_anything_decodes_it(tmp_path: Path) -> None:
+    from gguf import GGMLQuantizationType
+
+    path = write_llama_gguf(tmp_path, GGMLQuantizationType.F32, long_token=10_000)
+    assert_one_line_refusal(worker_startup(path), "tokenizer.ggml.tokens", "10000 bytes")

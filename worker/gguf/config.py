@@ -40,7 +40,7 @@ def hf_config(
 
     hidden = int(get("embedding_length"))
     heads = int(get("attention.head_count"))
-    head_dim = int(get("attention.key_length", hidden // heads))
+    head_dim = int(get("attention.key_length", hidden // max(heads, 1)))  # heads: checked later
     rope_dim = int(get("rope.dimension_count", head_dim))
     if rope_dim != head_dim:
         raise GGUFError(f"{path}: partial rotary embeddings ({rope_dim} of {head_dim}) unsupported")

@@ -144,13 +144,8 @@ class ModelRunner:
         self.sampler = Sampler(seed, ops)
         # structured outputs: grammars over the model's tokenizer (--tokenizer's, if given)
         source = Path(tokenizer).expanduser().resolve() if tokenizer else Path(model_path)
-        self.grammars = Grammars(
-            str(source),
-            self.vocab_size,
-            self.eos_token_ids,
-            gguf_metadata=_gguf_metadata(source),
-            limits=grammar_limits,
-        )
+        shape_of_vocab = (self.vocab_size, self.eos_token_ids, _gguf_metadata(source))
+        self.grammars = Grammars(str(source), *shape_of_vocab, grammar_limits)
         self.graphs: DecodeGraphs | None = None
         if graphs:
             self.graphs = DecodeGraphs(
@@ -187,10 +182,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, chunks: list[SeqChunk]) -> list[Sample | None]:
         """One forward pass for the whole batch; a Sample for each chunk with sample=True, and
-        for each chunk that scores prompt tokens (`SamplingParams.prompt_logprobs`).
-
-        The chunks must be valid (`batch.check_chunk`); the executor drops bad ones first.
-        """
+        for each chunk that scores prompt tokens (`SamplingParams.prompt_logprobs`). The
+        chunks must be valid (`batch.check_chunk`); the executor drops bad ones first."""
         if not chunks:
             return []
         sampling = [i for i, c in enumerate(chunks) if c.sample]
