@@ -39,6 +39,12 @@ JSON_OPTIONS: llguidance.JsonCompileOptions = {
 }
 
 
+# How a worker's error for a request whose constraint failed begins (a grammar refused while
+# it ran: the engine's limits at a later mask, a compile that failed there): the client's spec,
+# not the server, so the frontend answers a 400.
+CONSTRAINT_FAILED = "structured output: "
+
+
 class StructuredError(ValueError):
     """A spec that cannot be served; the message names the problem (a 400 at the frontend, a
     failed request at the worker)."""

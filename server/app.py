@@ -18,6 +18,7 @@ from kvledger.tls import files_of
 from server.client import SchedulerClient
 from server.deps import bearer, tenant
 from server.errors import error_responses, install_error_handlers
+from server.grammar_sandbox import close_sandbox
 from server.limits import BodyDeadline, BodySizeLimit
 from server.offload import tokenize_slots
 from server.routes import chat, completions, embeddings, health, models, tokenize
@@ -76,6 +77,7 @@ def build_app(settings: Settings) -> FastAPI:
         )
         yield
         await app.state.scheduler.close()
+        close_sandbox()  # its children would exit at the end of their stdin anyway
 
     app = FastAPI(title="kvledger", version=kvledger.__version__, lifespan=lifespan)
     app.state.settings = settings

@@ -237,6 +237,15 @@ _sandbox: GrammarSandbox | None = None
 _sandbox_lock = threading.Lock()
 
 
+def close_sandbox() -> None:
+    """Stops the process's sandbox children, if it started any."""
+    global _sandbox
+    with _sandbox_lock:
+        if _sandbox is not None:
+            _sandbox.close()
+            _sandbox = None
+
+
 def sandbox() -> GrammarSandbox:
     """The frontend process's sandbox (one per process: its children are its own)."""
     global _sandbox

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from kvledger.structured import CONSTRAINT_FAILED
 from protos import frontend_pb2
 from server.choice import Choice, Generation, TokenEntry
 from server.errors import APIError
@@ -59,7 +60,8 @@ def _apply_one(
         _push(choice, response)
     if response.finish_reason:
         if response.finish_reason == "error":
-            raise APIError(500, response.message or "the worker failed this request")
+            message = response.message or "the worker failed this request"
+            raise APIError(400 if message.startswith(CONSTRAINT_FAILED) else 500, message)
         choice.text += choice.detokenizer.flush()
         length = response.finish_reason == "length" or choice.echo_only
         choice.finish_reason = "length" if length else "stop"

@@ -258,3 +258,19 @@ def test_fuzzed_schemas_get_a_200_or_a_400_and_the_frontend_never_dies(served, h
     assert frontend_pid(served) == pid
     assert seen.get(400), seen  # the fuzz reached the bound
     assert idle(served), "a refused or finished constraint left something held"
+
+
+def test_a_grammar_past_the_engines_limits_mid_output_is_a_400(served, http):
+    """4,000 optional properties compile (in about a second), and the first mask holds; the
+    second exceeds the engine's items per row: the request fails alone, as the client's
+    constraint (a 400), and the server keeps serving."""
+    wide = {"type": "object", "properties": {f"p{i}": {} for i in range(4000)}}
+    reply = http.post(
+        "/v1/chat/completions",
+        json={"model": SMOLLM2, "messages": ASK, "response_format": schema_format(wide)},
+    )
+    assert reply.status_code == 400, reply.text
+    message = reply.json()["error"]["message"]
+    assert "max is 2000" in message or "--structured-compile-timeout" in message, message
+    reply = http.post("/v1/completions", json={"model": SMOLLM2, "prompt": "x", "max_tokens": 2})
+    assert reply.status_code == 200, reply.text

@@ -42,7 +42,12 @@ import torch
 
 from kvledger.grammar_tokenizer import build_grammar_tokenizer
 from kvledger.groups import GrammarLimits
-from kvledger.structured import StructuredError, StructuredSpec, compile_matcher
+from kvledger.structured import (
+    CONSTRAINT_FAILED,
+    StructuredError,
+    StructuredSpec,
+    compile_matcher,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,19 +89,19 @@ class Constraint:
             try:
                 self.matcher  # noqa: B018 - the compile's outcome, waited for here
             except StructuredError as err:
-                self.error = str(err)
+                self.error = f"{CONSTRAINT_FAILED}{err}"
         for token in outputs[self.consumed :]:
             if self.error is not None:
                 return
             if self.matcher.is_stopped() and token in self.eos_token_ids:
                 pass
             elif not self.matcher.consume_token(token):
-                self.error = "structured output: " + (
+                self.error = CONSTRAINT_FAILED + (
                     self.matcher.get_error() or f"token {token} breaks the grammar"
                 )
             self.consumed += 1
         if len(outputs) < self.consumed:  # outputs never shrink; refuse to guess if they do
-            self.error = "structured output: the request's outputs went back"
+            self.error = CONSTRAINT_FAILED + "the request's outputs went back"
 
 
 @dataclass
@@ -220,7 +225,7 @@ class Grammars:
             self._engine.unsafe_compute_mask_ptr(live, bitmask.data_ptr(), words * 4, len(rows))
         for row, constraint, _ in rows:
             if constraint.error is None and constraint.matcher.is_error():
-                constraint.error = "structured output: " + constraint.matcher.get_error()
+                constraint.error = CONSTRAINT_FAILED + constraint.matcher.get_error()
             if constraint.error is not None:
                 masks.errors[row] = constraint.error
         return masks
