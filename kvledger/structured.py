@@ -151,7 +151,7 @@ def compile_matcher(
     matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=engine_limits(limits))
     if matcher.is_error():
         raise StructuredError(
-            what_kind(spec.kind) + " does not compile: " + _one_line(matcher.get_error())
+            what_kind(spec.kind) + " does not compile: " + engine_message(matcher.get_error())
         )
     return matcher
 
@@ -168,13 +168,15 @@ def check(
         grammar = grammar_of(spec, limits.max_structured_depth)
         error = llguidance.LLMatcher.validate_grammar(grammar, None, limits=engine_limits(limits))
         if error:
-            raise StructuredError(what_kind(spec.kind) + " does not compile: " + _one_line(error))
+            raise StructuredError(
+                what_kind(spec.kind) + " does not compile: " + engine_message(error)
+            )
         return
     matcher = compile_matcher(spec, tokenizer, limits)
     matcher.compute_bitmask()
     if matcher.is_error():
         raise StructuredError(
-            what_kind(spec.kind) + " exceeds a limit: " + _one_line(matcher.get_error())
+            what_kind(spec.kind) + " exceeds a limit: " + engine_message(matcher.get_error())
         )
 
 
@@ -215,6 +217,11 @@ def what_kind(kind: str) -> str:
         CHOICE: "the choices",
         GRAMMAR: "the grammar",
     }.get(kind, "the structured output spec")
+
+
+def engine_message(text: str) -> str:
+    """An error of the engine as one line, without its `<non-verbose/>` marker."""
+    return _one_line(text.replace("<non-verbose/>", ""))
 
 
 def _one_line(text: str, limit: int = 500) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -69,3 +70,22 @@ def test_specs_compile_on_a_thread_with_a_large_stack(grammars):
     other = ThreadPoolExecutor(1)
     assert other.submit(_thread_stack_bytes).result() < COMPILE_STACK_BYTES
     other.shutdown()
+
+
+def test_a_nested_counted_regex_fails_fast_under_the_engines_step_limits(tokenizer_dir):
+    """((a{1,100}){1,100}){1,100} once took 5.2 s for one mask before the engine gave up: under
+    the step limits each mask costs milliseconds, and the walk ends with the engine's refusal
+    (which fails its request alone) or a finished match, never a stalled step."""
+    grammars = Grammars(str(tokenizer_dir), VOCAB, [EOS])
+    constraint = grammars.constraint(StructuredSpec("regex", "((a{1,100}){1,100}){1,100}"))
+    outputs: list[int] = []
+    slowest = 0.0
+    for _ in range(200):
+        started = time.perf_counter()
+        masks = grammars.compute([(0, constraint, outputs)])
+        slowest = max(slowest, time.perf_counter() - started)
+        if masks.errors:
+            assert "structured output" in masks.errors[0]
+            break
+        outputs.append(ord("a"))
+    assert slowest < 0.5, slowest

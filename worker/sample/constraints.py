@@ -47,6 +47,7 @@ from kvledger.structured import (
     StructuredError,
     StructuredSpec,
     compile_matcher,
+    engine_message,
 )
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class Constraint:
                 pass
             elif not self.matcher.consume_token(token):
                 self.error = CONSTRAINT_FAILED + (
-                    self.matcher.get_error() or f"token {token} breaks the grammar"
+                    engine_message(self.matcher.get_error()) or f"token {token} breaks the grammar"
                 )
             self.consumed += 1
         if len(outputs) < self.consumed:  # outputs never shrink; refuse to guess if they do
@@ -225,7 +226,9 @@ class Grammars:
             self._engine.unsafe_compute_mask_ptr(live, bitmask.data_ptr(), words * 4, len(rows))
         for row, constraint, _ in rows:
             if constraint.error is None and constraint.matcher.is_error():
-                constraint.error = CONSTRAINT_FAILED + constraint.matcher.get_error()
+                constraint.error = CONSTRAINT_FAILED + engine_message(
+                    constraint.matcher.get_error()
+                )
             if constraint.error is not None:
                 masks.errors[row] = constraint.error
         return masks
