@@ -54,8 +54,13 @@ class StepCounters:
 
 
 class Executor:
-    def __init__(self, runner: Runner) -> None:
+    """`defer_compiles`: leave out of a step a request whose grammar still compiles (see
+    `_defer_compiling`); off in a tensor-parallel group, whose ranks must build the same batch
+    and would each see their own compile finish at its own moment."""
+
+    def __init__(self, runner: Runner, defer_compiles: bool = True) -> None:
         self.runner = runner
+        self.defer_compiles = defer_compiles
         self.seqs: dict[str, SeqState] = {}
         # Requests this worker failed or refused. Under async scheduling the next plan, made
         # before the scheduler heard of it, may still continue them: those continuations are
@@ -222,7 +227,11 @@ class Executor:
             for c in chunks
             if c.sample and c.constraint is not None and not c.constraint.ready()
         }
-        if not waiting or (len(waiting) == len(chunks) and not other_work):
+        if (
+            not self.defer_compiles
+            or not waiting
+            or (len(waiting) == len(chunks) and not other_work)
+        ):
             return chunks
         for request_id in waiting:
             out.deferred_request_ids.append(request_id)

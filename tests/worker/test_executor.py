@@ -196,3 +196,17 @@ def test_requests_whose_grammar_compiles_run_when_nothing_else_would_wait():
     )
     assert not result.deferred_request_ids
     assert [s.request_id for s in result.sampled] == ["j"]
+
+
+def test_a_tensor_parallel_groups_executor_never_defers():
+    """Every rank of a group runs the executor on the same plan and must build the same batch;
+    each would see its compile finish at its own moment, so a group waits for compiles."""
+    runner = CompilingRunner()
+    ex = Executor(runner, defer_compiles=False)
+    plan = worker_pb2.Plan(
+        step_id=1,
+        new_requests=[new_request("a", [1, 2], [0], 0, 2), _structured("j", [3, 4], [1], "z")],
+    )
+    result = wire_step(ex, plan)
+    assert not result.deferred_request_ids
+    assert sorted(s.request_id for s in result.sampled) == ["a", "j"]

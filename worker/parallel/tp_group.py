@@ -45,7 +45,7 @@ class GroupExecutor(Executor):
     The link (`worker/link/client.py`) uses it as it uses a single-process executor."""
 
     def __init__(self, runner: Runner, tp: TPGroup) -> None:
-        super().__init__(runner)
+        super().__init__(runner, defer_compiles=False)  # every rank must build the same batch
         self.tp = tp
         self._lock = threading.Lock()  # one sender at a time on the control channel
         self._last_sent = time.monotonic()

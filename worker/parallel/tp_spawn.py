@@ -200,7 +200,7 @@ def rank_main(
         tp = join_group(rank, settings.tensor_parallel_size, port, device)
         runner = ModelRunner(model_path, tp=tp, **{**runner_kwargs, "device": device})
         log.info("rank %d of %d ready", rank, tp.size)
-        follow(Executor(runner), tp)
+        follow(Executor(runner, defer_compiles=False), tp)  # as rank 0's GroupExecutor
     except GroupLost as err:
         exit_now(f"rank {rank}: the group is broken ({err}); exiting")
     except Exception as err:  # a rank that cannot load takes the group down with it
