@@ -122,7 +122,7 @@ class _Child:
                 if budget.spent():
                     self.kill()
                     raise TimeoutError
-            chunk = self.proc.stdout.read1(size - len(data))  # type: ignore[union-attr]
+            chunk = os.read(fd, size - len(data))  # the pipe itself: nothing buffered here
             if not chunk:
                 raise _Died
             data += chunk
