@@ -9,6 +9,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    field_validator,
     model_serializer,
 )
 
@@ -51,16 +52,23 @@ class ContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     """A message of the conversation: an assistant's may carry the `tool_calls` it made (its
-    content then may be null), a `tool` message the result of one, by `tool_call_id`."""
+    content then may be null), a `tool` message the result of one, by `tool_call_id`. OpenAI's
+    `developer` role (its newer name for instructions) is the system turn, as vLLM and
+    llama.cpp take it: chat templates know no other."""
 
     model_config = REQUEST_CONFIG
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
 
     _check_text = text_fields("content", "name", "tool_call_id")
+
+    @field_validator("role")
+    @classmethod
+    def _developer_is_system(cls, role: str) -> str:
+        return "system" if role == "developer" else role
 
 
 class ChatTemplateOptions(BaseModel):

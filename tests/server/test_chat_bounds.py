@@ -188,3 +188,14 @@ def test_a_lone_surrogate_the_template_renders_from_any_field_is_a_400(model):
     with pytest.raises(APIError, match="lone surrogates") as refused:
         chat_prompt([message], ChatTemplateOptions(), templated)
     assert refused.value.param == "messages"
+
+
+def test_the_developer_role_is_the_system_turn(model):
+    """OpenAI's SDK helpers send `developer` for instructions: the prompt is the system's."""
+    turns = [
+        {"role": "developer", "content": "Answer in French."},
+        {"role": "user", "content": "hi"},
+    ]
+    as_system = [{**turns[0], "role": "system"}, turns[1]]
+    assert _prompt(model, turns) == _prompt(model, as_system)
+    assert ChatMessage(role="developer", content="x").role == "system"
