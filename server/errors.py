@@ -174,6 +174,14 @@ def _union_tag(part: object) -> bool:
     return part in _TYPE_NAMES or not part.isidentifier()
 
 
+# What an unmatched path's 404 lists (an OpenAI route kvledger does not serve, such as
+# /v1/responses, is named as such rather than a bare "Not Found").
+SERVED_ROUTES = (
+    "served: /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models, /tokenize, "
+    "/detokenize, /health, /version, /metrics"
+)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -185,9 +193,12 @@ def install_error_handlers(app: FastAPI) -> None:
         return APIError(400, message, param=param).response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Keeps the exception's headers: a 405 must say which methods are allowed (`Allow`).
-        return APIError(exc.status_code, str(exc.detail)).response(headers=exc.headers)
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":  # no route matched
+            message = f"{request.url.path} is not served by this server ({SERVED_ROUTES})"
+        return APIError(exc.status_code, message).response(headers=exc.headers)
 
     @app.exception_handler(grpc.aio.AioRpcError)
     async def _grpc(_: Request, exc: grpc.aio.AioRpcError) -> JSONResponse:
