@@ -89,8 +89,8 @@ class Constraint:
         if self._matcher is None and self.error is None:
             try:
                 self.matcher  # noqa: B018 - the compile's outcome, waited for here
-            except StructuredError as err:
-                self.error = f"{CONSTRAINT_FAILED}{err}"
+            except Exception as err:  # noqa: BLE001 - StructuredError, or the engine's own:
+                self.error = f"{CONSTRAINT_FAILED}{err}"  # either fails this request alone
         for token in outputs[self.consumed :]:
             if self.error is not None:
                 return
