@@ -24,7 +24,7 @@ from kvledger.structured import StructuredError
 from worker.link.step import ContinueSeq, EmbedParams, NewSeq, StepOutput, StepPlan
 from worker.provenance import PlanWrites, Provenance
 from worker.runner.base import Runner
-from worker.runner.batch import SeqChunk, check_chunk
+from worker.runner.batch import SeqChunk, check_chunk, still_compiling
 from worker.runner.pooling import EmbedItem, check_item
 from worker.sample.constraints import Constraint
 from worker.sample.sampling_params import SamplingParams
@@ -54,9 +54,8 @@ class StepCounters:
 
 
 class Executor:
-    """`defer_compiles`: leave out of a step a request whose grammar still compiles (see
-    `_defer_compiling`); off in a tensor-parallel group, whose ranks must build the same batch
-    and would each see their own compile finish at its own moment."""
+    """`defer_compiles` (batch.still_compiling): off in a tensor-parallel group, whose ranks
+    must build the same batch and would each see their own compile end at its own moment."""
 
     def __init__(self, runner: Runner, defer_compiles: bool = True) -> None:
         self.runner = runner
@@ -217,25 +216,12 @@ class Executor:
     def _defer_compiling(
         self, chunks: list[SeqChunk], other_work: bool, writes: PlanWrites, out: StepOutput
     ) -> list[SeqChunk]:
-        """A chunk that would sample while its grammar still compiles is left out of a step
-        that runs other work (which would wait for the compile), and reported deferred: the
-        scheduler requeues it and plans it again, by when it has usually compiled. Only such
-        chunks in the step: they run, and the step waits for their compiles, since no other
-        request waits on this worker then."""
-        waiting = {
-            c.request_id
-            for c in chunks
-            if c.sample and c.constraint is not None and not c.constraint.ready()
-        }
-        if (
-            not self.defer_compiles
-            or not waiting
-            or (len(waiting) == len(chunks) and not other_work)
-        ):
-            return chunks
+        """Chunks `still_compiling` says to leave out of this step: reported deferred (the
+        scheduler plans them again), nothing they were to write declared written."""
+        waiting = still_compiling(chunks, other_work) if self.defer_compiles else set()
         for request_id in waiting:
             out.deferred_request_ids.append(request_id)
-            writes.failed.add(request_id)  # nothing it was to write is declared written
+            writes.failed.add(request_id)
             self.voided.add(request_id)
             self.seqs.pop(request_id, None)
         return [c for c in chunks if c.request_id not in waiting]

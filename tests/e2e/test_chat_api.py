@@ -180,7 +180,7 @@ REFUSED = [
     ({"top_logprobs": 2}, "top_logprobs"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.tool_call_id"),
-    ({"messages": [{"role": "developer", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "narrator", "content": "x"}]}, "messages.0.role"),
     (
         {
             "messages": [

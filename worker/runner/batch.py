@@ -171,3 +171,16 @@ def _check_sampling(sp: SamplingParams, who: str) -> None:
         raise ValueError(f"{who}: presence and frequency penalties must be finite")
     if sp.logprobs > MAX_LOGPROBS:
         raise ValueError(f"{who}: at most {MAX_LOGPROBS} logprobs, got {sp.logprobs}")
+
+
+def still_compiling(chunks: list[SeqChunk], other_work: bool) -> set[str]:
+    """The requests to leave out of a step: those that would sample while their grammar still
+    compiles, when the step runs other work (which would wait for the compile); the scheduler
+    plans them again, by when they have usually compiled. When the step holds nothing else,
+    none: it runs them and waits for their compiles, since no other request waits then."""
+    waiting = {
+        c.request_id
+        for c in chunks
+        if c.sample and c.constraint is not None and not c.constraint.ready()
+    }
+    return set() if len(waiting) == len(chunks) and not other_work else waiting
