@@ -17,6 +17,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 from benchmarks.gguf_export import export  # noqa: E402
+from tests.worker.byte_tokenizer import write_byte_tokenizer  # noqa: E402
 from tests.worker.helpers import save_hf_checkpoint  # noqa: E402
 from tests.worker.quant_helpers import TYPES  # noqa: E402
 
@@ -89,3 +90,9 @@ def f32_tiles_kernel(kv_cache_dir: Path) -> None:
 
     if not linear.tiles_run():
         pytest.skip("the float32 tiles' kernel needs AVX-512 and the quantized kernels' build")
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer_dir(tmp_path_factory) -> Path:
+    """A small byte-level BPE tokenizer (tests/worker/byte_tokenizer.py) for grammar tests."""
+    return write_byte_tokenizer(tmp_path_factory.mktemp("byte-tokenizer"))

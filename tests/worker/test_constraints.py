@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -18,7 +17,7 @@ import torch
 
 from kvledger.structured import StructuredError, StructuredSpec, choice_spec, json_schema_spec
 from server.token_bytes import byte_of_char
-from tests.worker.byte_tokenizer import EOS, VOCAB, write_byte_tokenizer
+from tests.worker.byte_tokenizer import EOS, VOCAB
 from worker.runner.batch import SeqChunk
 from worker.sample.constraints import Grammars, allowed
 from worker.sample.sampler import Sampler
@@ -27,14 +26,9 @@ from worker.sample.sampling_params import SamplingParams
 PROMPT = [1, 2, 3]
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> Path:
-    return write_byte_tokenizer(tmp_path_factory.mktemp("byte-tokenizer"))
-
-
 @pytest.fixture
-def grammars(tokenizer_dir) -> Grammars:
-    return Grammars(str(tokenizer_dir), VOCAB, [EOS])
+def grammars(byte_tokenizer_dir) -> Grammars:
+    return Grammars(str(byte_tokenizer_dir), VOCAB, [EOS])
 
 
 def chunk(grammars: Grammars, spec: StructuredSpec | None, outputs: list[int], **kw) -> SeqChunk:  # noqa: ANN003
@@ -188,12 +182,12 @@ def test_a_random_walk_through_a_schema_always_validates(grammars, seed):
     jsonschema.validate(json.loads(text(outputs)), SCHEMA)
 
 
-def test_the_tokenizer_is_built_at_start_not_by_the_first_request(tokenizer_dir, tmp_path):
+def test_the_tokenizer_is_built_at_start_not_by_the_first_request(byte_tokenizer_dir, tmp_path):
     """`prepare` (called when the worker starts) builds the engine's tokenizer; a request
     after it builds nothing: here the files it was built from are gone by then."""
     source = tmp_path / "tok"
     source.mkdir()
-    (source / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
+    (source / "tokenizer.json").write_bytes((byte_tokenizer_dir / "tokenizer.json").read_bytes())
     grammars = Grammars(str(source), VOCAB, [EOS])
     assert grammars.prepare() is grammars.prepare()  # started once
     grammars.prepare().result(timeout=60)

@@ -7,36 +7,30 @@ import ctypes
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import llguidance
 import pytest
 
 from kvledger.groups import GrammarLimits
 from kvledger.structured import StructuredSpec, json_schema_spec
-from tests.worker.byte_tokenizer import EOS, VOCAB, write_byte_tokenizer
+from tests.worker.byte_tokenizer import EOS, VOCAB
 from worker.sample.constraints import COMPILE_STACK_BYTES, Grammars
 
 
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> Path:
-    return write_byte_tokenizer(tmp_path_factory.mktemp("byte-tokenizer"))
-
-
 @pytest.fixture
-def grammars(tokenizer_dir) -> Grammars:
-    return Grammars(str(tokenizer_dir), VOCAB, [EOS])
+def grammars(byte_tokenizer_dir) -> Grammars:
+    return Grammars(str(byte_tokenizer_dir), VOCAB, [EOS])
 
 
 def test_a_spec_past_the_depth_bound_is_refused_before_the_engine_compiles_it(
-    tokenizer_dir, monkeypatch
+    byte_tokenizer_dir, monkeypatch
 ):
     """The worker applies the depth bound too (a spec reaching it past a frontend with other
     settings): refused by the pure walk, and the engine's compiler is never called."""
     chain = {"$defs": {str(i): {"items": {"$ref": f"#/$defs/{i + 1}"}} for i in range(40)}}
     chain["$ref"] = "#/$defs/0"
     limits = GrammarLimits(max_structured_depth=16)
-    grammars = Grammars(str(tokenizer_dir), VOCAB, [EOS], limits=limits)
+    grammars = Grammars(str(byte_tokenizer_dir), VOCAB, [EOS], limits=limits)
     called = []
     monkeypatch.setattr(
         llguidance.LLMatcher, "grammar_from_json_schema", lambda *a, **k: called.append(a)
@@ -72,11 +66,11 @@ def test_specs_compile_on_a_thread_with_a_large_stack(grammars):
     other.shutdown()
 
 
-def test_a_nested_counted_regex_fails_fast_under_the_engines_step_limits(tokenizer_dir):
+def test_a_nested_counted_regex_fails_fast_under_the_engines_step_limits(byte_tokenizer_dir):
     """((a{1,100}){1,100}){1,100} once took 5.2 s for one mask before the engine gave up: under
     the step limits each mask costs milliseconds, and the walk ends with the engine's refusal
     (which fails its request alone) or a finished match, never a stalled step."""
-    grammars = Grammars(str(tokenizer_dir), VOCAB, [EOS])
+    grammars = Grammars(str(byte_tokenizer_dir), VOCAB, [EOS])
     constraint = grammars.constraint(StructuredSpec("regex", "((a{1,100}){1,100}){1,100}"))
     outputs: list[int] = []
     slowest = 0.0
