@@ -9,15 +9,27 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-TYPES = [GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1]
+from tests.worker.gguf_files import random_blocks
+
+Q = GGMLQuantizationType
+# the types of every kernel (float and int8 activations, rows16 tiles)
+TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1]
+# the types only the float kernels read: Q5_x, and the K-quants (super-blocks of 256 values)
+FLOAT_ONLY_TYPES = [Q.Q5_0, Q.Q5_1]
+K_TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
 # (out, in): out not a multiple of any tile or chunk (64), in a single block and several
 SHAPES = [(77, 96), (130, 32), (200, 576)]
+K_SHAPES = [(77, 256), (130, 768)]
 
 
 def quantized(out: int, inp: int, qtype: GGMLQuantizationType, seed: int = 0):  # noqa: ANN201
-    """Random weights as (uint8 blocks, their float32 dequantization by gguf)."""
-    weights = np.random.default_rng(seed).standard_normal((out, inp), dtype=np.float32)
-    blocks = quantize(weights, qtype)
+    """Random weights as (uint8 blocks, their float32 dequantization by gguf). The K-quants,
+    which gguf only dequantizes, are random blocks with small finite scales."""
+    if qtype in K_TYPES:
+        blocks = random_blocks(out, inp, qtype, seed)
+    else:
+        weights = np.random.default_rng(seed).standard_normal((out, inp), dtype=np.float32)
+        blocks = quantize(weights, qtype)
     return torch.from_numpy(blocks.copy()), torch.from_numpy(dequantize(blocks, qtype).copy())
 
 

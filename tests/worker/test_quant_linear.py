@@ -9,9 +9,15 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from tests.worker.quant_helpers import SHAPES, TYPES, quantized
+from tests.worker.quant_helpers import FLOAT_ONLY_TYPES, K_SHAPES, K_TYPES, SHAPES, TYPES, quantized
 from worker.quant import kernels
-from worker.quant.layers import QuantizedEmbedding, QuantizedLinear
+from worker.quant.layers import QuantizedEmbedding, QuantizedLinear, StackedQuantizedLinear
+
+Q = GGMLQuantizationType
+# every type with its shapes: the K-quants' rows hold super-blocks of 256 values
+CASES = [(t, s) for t in TYPES + FLOAT_ONLY_TYPES for s in SHAPES] + [
+    (t, s) for t in K_TYPES for s in K_SHAPES
+]
 
 ISAS = ["scalar", "avx2", "avx512"]
 ROWS = [1, 3, 16, 64]
@@ -39,8 +45,7 @@ def isa_or_skip(module, isa: str) -> str:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize(("qtype", "shape"), CASES, ids=lambda c: getattr(c, "name", str(c)))
 def test_each_path_equals_the_dequantized_matmul(module, isa, qtype, shape) -> None:  # noqa: ANN001
     isa_or_skip(module, isa)
     blocks, w = quantized(*shape, qtype)
@@ -52,14 +57,52 @@ def test_each_path_equals_the_dequantized_matmul(module, isa, qtype, shape) -> N
 
 
 def test_dequantize_is_gguf_bit_for_bit(module) -> None:  # noqa: ANN001
-    for qtype in TYPES:
-        blocks, w = quantized(50, 128, qtype, seed=3)
-        got = torch.ops.kvledger_quant.dequantize(blocks, int(qtype), 128)
-        assert torch.equal(got, w)
+    for qtype in TYPES + FLOAT_ONLY_TYPES + K_TYPES:
+        blocks, w = quantized(50, 512, qtype, seed=3)
+        got = torch.ops.kvledger_quant.dequantize(blocks, int(qtype), 512)
+        assert torch.equal(got, w), qtype.name
         ids = torch.tensor([[4, 0], [49, 4]])
         assert torch.equal(
-            torch.ops.kvledger_quant.dequantize(blocks, int(qtype), 128, ids), w[ids]
+            torch.ops.kvledger_quant.dequantize(blocks, int(qtype), 512, ids), w[ids]
         )
+
+
+def test_types_without_a_kernel_at_an_isa_run_the_best_below_it(module) -> None:  # noqa: ANN001
+    # Q5_x and the K-quants have AVX2 kernels and none for AVX-512: an AVX-512 CPU runs AVX2's
+    for qtype in FLOAT_ONLY_TYPES + K_TYPES:
+        for isa in ISAS:
+            code = kernels.ISAS[isa]
+            if module.cpu_has(code):
+                assert module.kernel_isa(int(qtype), code) == min(code, kernels.ISAS["avx2"])
+    best = module.best_isa()
+    assert module.kernel_isa(int(Q.Q8_0), 0) == best
+    assert module.kernel_isa(int(Q.Q4_K), 0) == min(best, kernels.ISAS["avx2"])
+
+
+def test_mixed_type_shards_stack_side_by_side(module) -> None:  # noqa: ANN001
+    # a Q4_K_M file's q/k/v: Q4_K q and k, Q6_K v
+    (qk, wqk), (v, wv) = quantized(96, 256, Q.Q4_K, seed=1), quantized(32, 256, Q.Q6_K, seed=2)
+    bias = torch.randn(128)
+    parts = [QuantizedLinear(256, qk, int(Q.Q4_K)), QuantizedLinear(256, v, int(Q.Q6_K))]
+    layer = StackedQuantizedLinear(parts, {"q": 64, "k": 32, "v": 32}, bias)
+    x = torch.randn(3, 256)
+    w = torch.cat([wqk, wv])
+    y = layer(x)
+    want = x.double() @ w.double().T + bias.double()
+    assert ((y.double() - want).abs().max() / want.abs().max()).item() < 1e-3
+    assert [t.shape[-1] for t in layer.split(y)] == [64, 32, 32]
+    assert layer.shards["v"] == slice(96, 128)
+    assert torch.equal(layer.dequantized(), w)
+
+
+def test_int8_activations_on_a_type_without_int8_kernels_stay_float(module) -> None:  # noqa: ANN001
+    blocks, w = quantized(64, 256, Q.Q4_K)
+    layer = QuantizedLinear(256, blocks, int(Q.Q4_K), activations="int8")
+    assert layer.activations == "float"
+    x = torch.randn(2, 256)
+    assert_matches(layer(x), x, w)
+    with pytest.raises(RuntimeError, match="no int8 kernel"):
+        torch.ops.kvledger_quant.linear_int8(x, blocks, int(Q.Q4_K), 256, 0)
 
 
 def test_the_default_path_is_the_best_this_cpu_runs(module, monkeypatch) -> None:  # noqa: ANN001
@@ -111,7 +154,9 @@ def test_bad_blocks_and_types_are_refused(module) -> None:  # noqa: ANN001
     with pytest.raises(ValueError, match="uint8 \\[out, 36\\]"):
         QuantizedLinear(64, blocks, int(GGMLQuantizationType.Q4_0))
     with pytest.raises(ValueError, match="no quantized kernel"):
-        QuantizedLinear(64, blocks, int(GGMLQuantizationType.Q6_K))
+        QuantizedLinear(64, blocks, int(GGMLQuantizationType.Q2_K))
+    with pytest.raises(ValueError, match="multiples of 256"):
+        QuantizedLinear(64, blocks, int(GGMLQuantizationType.Q4_K))
     with pytest.raises(ValueError, match="multiples of 32"):
         QuantizedLinear(48, blocks, int(GGMLQuantizationType.Q8_0))
     with pytest.raises(RuntimeError, match="x must be CPU"):

@@ -1,12 +1,14 @@
 """Swaps a freshly built model's linear layers for `QuantizedLinear`s over a GGUF file's blocks.
 
 `keep_quantized` runs before the loader: every plain linear layer (and the token embedding
-and LM head) whose checkpoint tensors are all Q8_0, Q4_0 or Q4_1 of one type gets the file's
-blocks, copied as they are, and the names it took are returned for the loader to skip. A packed
-layer (q/k/v, gate/up) takes its shards' blocks stacked in its row order; one whose shards
-differ in type, and every tensor of another type (F32 norms, K-quants), is left to the loader,
-which dequantizes it as before. Tensor-parallel layers are never swapped: their column shards
-(row-parallel o/down) would cut blocks apart, so the model runner refuses quantized + TP > 1.
+and LM head) whose checkpoint tensor is of a type the kernels read (`formats.FORMATS`: Q8_0,
+Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) gets the file's blocks, copied as they are, and the
+names it took are returned for the loader to skip. A packed layer (q/k/v, gate/up) takes its
+shards' blocks stacked in its row order; where its shards differ in type (a Q4_K_M file's Q6_K
+v beside Q4_K q and k) each run of same-typed shards is its own part
+(`StackedQuantizedLinear`). Every tensor of another type (F32 norms, F16) is left to the
+loader, which dequantizes it as before. Tensor-parallel layers are never swapped: their column
+shards (row-parallel o/down) would cut blocks apart, so the model runner refuses quantized + TP > 1.
 
 The float layers' `torch.empty` weights were never written, so dropping them frees only
 address space: the worker's resident memory holds the blocks, not a float copy.
@@ -24,8 +26,8 @@ from torch import nn
 
 from worker.layers.embedding import Embedding, LMHead
 from worker.layers.linear import Linear, PackedLinear
-from worker.quant.formats import BLOCK_VALUES, FORMATS
-from worker.quant.layers import QuantizedEmbedding, QuantizedLinear
+from worker.quant.formats import FORMATS
+from worker.quant.layers import QuantizedEmbedding, QuantizedLinear, StackedQuantizedLinear
 
 log = logging.getLogger(__name__)
 
@@ -94,47 +96,74 @@ def _quantized(
 ) -> nn.Module | None:
     """The quantized replacement of `module`, or None where it keeps its float weight."""
     types = {int(t.ggml_type) for t in shards.values()}
-    if len(types) != 1 or next(iter(types)) not in FORMATS:
+    if not types <= set(FORMATS):
         return None
-    ggml_type = types.pop()
     kind = type(module)  # exactly the single-process layers: never a tensor-parallel subclass
     if kind is PackedLinear:
         assert isinstance(module, PackedLinear)
-        if set(shards) != set(module.shards):
-            return None
-        blocks = _stack(module, shards, module.weight.shape[1], ggml_type)
-        bias = None if module.bias is None else module.bias.data
         in_f = module.weight.shape[1]
-        return QuantizedLinear(
-            in_f, blocks, ggml_type, bias, module.shard_sizes, activations=activations
-        )
+        if set(shards) != set(module.shards) or not all(FORMATS[t].fits(in_f) for t in types):
+            return None
+        return _packed(module, shards, in_f, activations)
     if None not in shards or len(shards) != 1:
         return None
-    tensor = shards[None]
+    tensor, ggml_type = shards[None], types.pop()
     if kind is Linear or (kind is LMHead and not module.tied):
         out_f, in_f = module.weight.shape
         bias = None if getattr(module, "bias", None) is None else module.bias.data
-        if tuple(tensor.shape) != (out_f, in_f) or in_f % BLOCK_VALUES:
+        if tuple(tensor.shape) != (out_f, in_f) or not FORMATS[ggml_type].fits(in_f):
             return None
         return QuantizedLinear(in_f, _copy(tensor), ggml_type, bias, activations=activations)
     if kind is Embedding:
         rows, dim = module.weight.shape
-        if tuple(tensor.shape) != (rows, dim) or dim % BLOCK_VALUES:
+        if tuple(tensor.shape) != (rows, dim) or not FORMATS[ggml_type].fits(dim):
             return None
         return QuantizedEmbedding(dim, _copy(tensor), ggml_type, module.weight.dtype)
     return None
 
 
+def _packed(
+    module: PackedLinear, shards: dict[str | None, BlockTensor], in_f: int, activations: str
+) -> nn.Module:
+    """One `QuantizedLinear` over the stacked shards where they share a type, else a
+    `StackedQuantizedLinear` of one part per run of same-typed shards (in row order)."""
+    bias = None if module.bias is None else module.bias.data
+    runs: list[list[str]] = []
+    for name in module.shards:  # row order
+        if runs and int(shards[runs[-1][0]].ggml_type) == int(shards[name].ggml_type):
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+    if len(runs) == 1:
+        blocks = _stack(module, shards, runs[0], in_f)
+        ggml_type = int(shards[runs[0][0]].ggml_type)
+        return QuantizedLinear(
+            in_f, blocks, ggml_type, bias, module.shard_sizes, activations=activations
+        )
+    parts = [
+        QuantizedLinear(
+            in_f,
+            _stack(module, shards, run, in_f),
+            int(shards[run[0]].ggml_type),
+            activations=activations,
+        )
+        for run in runs
+    ]
+    return StackedQuantizedLinear(parts, module.shard_sizes, bias)
+
+
 def _stack(
-    module: PackedLinear, shards: dict[str | None, BlockTensor], in_f: int, ggml_type: int
+    module: PackedLinear, shards: dict[str | None, BlockTensor], names: list[str], in_f: int
 ) -> torch.Tensor:
-    out = torch.empty(module.weight.shape[0], FORMATS[ggml_type].row_bytes(in_f), dtype=torch.uint8)
-    for shard, tensor in shards.items():
-        assert shard is not None
-        rows = module.shards[shard]
+    """The blocks of shards `names` (consecutive, one type) stacked in row order."""
+    first, last = module.shards[names[0]], module.shards[names[-1]]
+    fmt = FORMATS[int(shards[names[0]].ggml_type)]
+    out = torch.empty(last.stop - first.start, fmt.row_bytes(in_f), dtype=torch.uint8)
+    for name in names:
+        tensor, rows = shards[name], module.shards[name]
         if tuple(tensor.shape) != (rows.stop - rows.start, in_f):
             raise ValueError(f"{tensor.name} has shape {tuple(tensor.shape)}, expected rows {rows}")
-        out[rows].numpy()[:] = tensor.blocks()
+        out[rows.start - first.start : rows.stop - first.start].numpy()[:] = tensor.blocks()
     return out
 
 

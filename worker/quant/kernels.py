@@ -31,6 +31,7 @@ SOURCES = [
         "scalar.cpp",
         "avx2.cpp",
         "avx512.cpp",
+        "kquant_avx2.cpp",
         "int8_scalar.cpp",
         "int8_avx2.cpp",
         "int8_vnni.cpp",
@@ -43,7 +44,13 @@ SOURCES = [
         "screen_groups.cpp",
     )
 ]
-HEADERS = [CSRC / "blocks.h", CSRC / "int8_tile.h", CSRC / "rows16.h", CSRC / "ops.h"]
+HEADERS = [
+    CSRC / "blocks.h",
+    CSRC / "kquants.h",
+    CSRC / "int8_tile.h",
+    CSRC / "rows16.h",
+    CSRC / "ops.h",
+]
 ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
 ISA_ENV = "KVLEDGER_QUANT_ISA"
 _lock = threading.Lock()

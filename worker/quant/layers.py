@@ -21,6 +21,10 @@ with torch's float GEMM, which outruns the tiles there.
 
 `QuantizedEmbedding` looks token ids up by dequantizing just their rows; a tied LM head is a
 `QuantizedLinear` over the same buffer (one copy of the blocks serves both).
+
+`StackedQuantizedLinear` is a packed layer whose shards come in different types, as a Q4_K_M
+file's are (Q6_K v beside Q4_K q and k in some layers): one `QuantizedLinear` per run of
+same-typed shards, their outputs side by side.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from torch import nn
 
 from worker.layers.module import Module
 from worker.quant import kernels
-from worker.quant.formats import format_of
+from worker.quant.formats import INT8_TYPES, format_of
 
 # activations -> the operator (looked up once per layer: the ops are registered on load)
 ACTIVATIONS = {
@@ -90,15 +94,11 @@ class QuantizedLinear(Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         if shard_sizes is not None:  # as PackedLinear's: the loader fills a bias shard by shard
             self.shard_sizes = dict(shard_sizes)
-            self.shards: dict[str, slice] = {}
-            start = 0
-            for name, size in shard_sizes.items():
-                self.shards[name] = slice(start, start + size)
-                start += size
-            if start != self.out_features:
-                raise ValueError(f"shards {shard_sizes} do not cover {self.out_features} rows")
+            self.shards = shard_slices(shard_sizes, self.out_features)
         self.isa = kernels.ISAS[isa] if isa is not None else kernels.isa_from_env()
-        self.activations = activations
+        # the int8 kernels read Q8_0/Q4_0/Q4_1 only: any other type multiplies float activations
+        self.activations = activations if self.ggml_type in INT8_TYPES else "float"
+        activations = self.activations
         self.op = ACTIVATIONS[activations]()
         # the rows16 tiles replace the GGUF rows (a tied embedding then reads the tiles)
         self.rows16 = rows16 and kernels.rows16_runs(
@@ -142,6 +142,51 @@ class QuantizedLinear(Module):
             f"bias={self.bias is not None}, activations={self.activations}"
             + (", rows16" if self.rows16 else "")
         )
+
+
+def shard_slices(shard_sizes: dict[str, int], out_features: int) -> dict[str, slice]:
+    """Each shard's rows, consecutive in the order given; they must cover `out_features`."""
+    shards: dict[str, slice] = {}
+    start = 0
+    for name, size in shard_sizes.items():
+        shards[name] = slice(start, start + size)
+        start += size
+    if start != out_features:
+        raise ValueError(f"shards {shard_sizes} do not cover {out_features} rows")
+    return shards
+
+
+class StackedQuantizedLinear(Module):
+    """y = x @ W.T (+ bias) for a packed layer held as `parts`, `QuantizedLinear`s over
+    consecutive row ranges (each of one type); answers as `QuantizedLinear` with shards does
+    (`split`, `dequantized`, the loader's bias shard by shard)."""
+
+    def __init__(
+        self,
+        parts: list[QuantizedLinear],
+        shard_sizes: dict[str, int],
+        bias: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.shard_sizes = dict(shard_sizes)
+        self.shards = shard_slices(shard_sizes, self.out_features)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.cat([part(x) for part in self.parts], dim=-1)
+        return y if self.bias is None else y + self.bias
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return y.split(list(self.shard_sizes.values()), dim=-1)
+
+    def dequantized(self) -> torch.Tensor:
+        return torch.cat([part.dequantized() for part in self.parts])
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}"
 
 
 class QuantizedEmbedding(Module):

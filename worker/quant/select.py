@@ -1,10 +1,12 @@
 """`--quantization`: which of a GGUF file's weights stay quantized in memory.
 
 - `gguf`: every linear layer, the token embedding and the LM head whose tensors are Q8_0,
-  Q4_0 or Q4_1 keep the file's blocks and run the compiled kernels (`keep.py`); refused
-  where they cannot run (not CPU, a tensor-parallel group, no compiler), naming why.
-- `gguf-int8`: as `gguf`, and the linear layers quantize their activations to int8 per block
-  of 32 (`QuantizedLinear`'s `activations`): integer dot products, faster, not exact.
+  Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K keep the file's blocks and run the compiled
+  kernels (`keep.py`); refused where they cannot run (not CPU, a tensor-parallel group, no
+  compiler), naming why.
+- `gguf-int8`: as `gguf`, and the Q8_0/Q4_0/Q4_1 linear layers quantize their activations to
+  int8 per block of 32 (`QuantizedLinear`'s `activations`): integer dot products, faster, not
+  exact. Layers of the other types multiply float activations.
 - `none`: every tensor is dequantized to --dtype at load time (the float path).
 - `auto` (the default): `gguf` for a GGUF file where it can run, else `none` with a warning.
 
@@ -39,7 +41,7 @@ def check_quantization(mode: str, model_path: Path, device: str, tp_size: int) -
             raise ValueError(f"--quantization {mode} needs a GGUF file; {model_path} is not one")
         return False
     if mode == "auto" and not _has_blocks(model_path):
-        return False  # nothing to keep (an F32 or K-quant file): no kernels to build
+        return False  # nothing to keep (an F32/F16 file): no kernels to build
     reason = _why_not(device, tp_size)
     if reason is None:
         return True

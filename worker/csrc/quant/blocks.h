@@ -1,4 +1,5 @@
-// GGML's block formats for Q8_0, Q4_0 and Q4_1, and the kernels' shared entry points.
+// GGML's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants Q4_K, Q5_K, Q6_K) and the
+// kernels' shared entry points.
 //
 // Pure C++ (no torch headers): each ISA's file includes this before its `#pragma GCC target`,
 // so nothing defined here is compiled for an instruction set the CPU may lack. Every helper is
@@ -14,13 +15,20 @@ namespace kvledger::quant {
 // ggml_type values (ggml.h) of the formats the kernels read.
 constexpr int kQ4_0 = 2;
 constexpr int kQ4_1 = 3;
+constexpr int kQ5_0 = 6;
+constexpr int kQ5_1 = 7;
 constexpr int kQ8_0 = 8;
-constexpr int kBlock = 32;  // values per block, all three formats
+constexpr int kQ4_K = 12;
+constexpr int kQ5_K = 13;
+constexpr int kQ6_K = 14;
+constexpr int kBlock = 32;   // values per block of Q8_0, Q4_x, Q5_x; a K-quant's sub-block
+constexpr int kSuper = 256;  // values per K-quant super-block
 
 // Bytes per block: a float16 scale d (and for Q4_1 a float16 minimum m), then the quants.
 // Q8_0: d, int8 q[32]; value = d * q.
 // Q4_0: d, uint8 qs[16]; value j = d * ((qs[j] & 15) - 8), value j+16 = d * ((qs[j] >> 4) - 8).
 // Q4_1: d, m, uint8 qs[16]; value j = d * (qs[j] & 15) + m, value j+16 = d * (qs[j] >> 4) + m.
+// These three are what the int8-activation and rows16 kernels read; `format_of` names all.
 static inline int block_bytes(int type) {
   switch (type) {
     case kQ8_0: return 34;
@@ -28,6 +36,35 @@ static inline int block_bytes(int type) {
     case kQ4_1: return 20;
     default: return 0;
   }
+}
+
+// Q5_0: d, uint32 qh, uint8 qs[16]; a value's fifth bit is bit j (j+16) of qh:
+//   value j = d * ((qs[j] & 15 | bit j << 4) - 16), value j+16 likewise with qs[j] >> 4.
+// Q5_1: d, m, qh, qs; value = d * q5 + m.
+// K-quants (kquants.h): super-blocks of 256 values in 8 sub-blocks of 32 (Q6_K: 16 of 16).
+struct Format {
+  int values;  // per block (0: not a type the kernels read)
+  int bytes;
+};
+
+static inline Format format_of(int type) {
+  switch (type) {
+    case kQ8_0: return {kBlock, 34};
+    case kQ4_0: return {kBlock, 18};
+    case kQ4_1: return {kBlock, 20};
+    case kQ5_0: return {kBlock, 22};
+    case kQ5_1: return {kBlock, 24};
+    case kQ4_K: return {kSuper, 144};
+    case kQ5_K: return {kSuper, 176};
+    case kQ6_K: return {kSuper, 210};
+    default: return {0, 0};
+  }
+}
+
+static inline uint32_t read_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
 }
 
 static inline uint16_t read_u16(const uint8_t* p) {
@@ -79,6 +116,8 @@ using LinearKernel = void (*)(const LinearArgs& a, int64_t o_begin, int64_t o_en
 void linear_scalar(const LinearArgs& a, int64_t o_begin, int64_t o_end);
 void linear_avx2(const LinearArgs& a, int64_t o_begin, int64_t o_end);
 void linear_avx512(const LinearArgs& a, int64_t o_begin, int64_t o_end);
+// the AVX2 path's K-quant and Q5 kernels (the AVX-512 path has none: kernel_for falls back)
+void linear_avx2_k(const LinearArgs& a, int64_t o_begin, int64_t o_end);
 
 // Activations quantized per block of 32 as llama.cpp's Q8_0/Q8_1 do (the int8 path):
 //   q[r * in + i] = round(x[r][i] / d), d = max|x[r][block]| / 127 (0 for an all-zero block);
@@ -119,7 +158,8 @@ void int8_scalar(const Int8Args& a, int64_t o_begin, int64_t o_end);
 void int8_avx2(const Int8Args& a, int64_t o_begin, int64_t o_end);
 void int8_vnni512(const Int8Args& a, int64_t o_begin, int64_t o_end);
 
-// Row `o`'s `in` values as float32 (the exact dequantization, as ggml's reference code).
+// Row `o`'s `in` values as float32 (the exact dequantization, as ggml's reference code), any
+// type of `format_of`.
 void dequantize_row(int type, const uint8_t* row, int64_t in, float* out);
 
 }  // namespace kvledger::quant

@@ -7,7 +7,9 @@
 //   kvledger_quant::dequantize(blocks, ggml_type, in_features, ids?) -> float32 rows
 //
 // isa: 0 = the best this CPU runs (AVX-512, else AVX2, else scalar), 1 = scalar, 2 = AVX2,
-// 3 = AVX-512; naming one the CPU lacks is an error (the tests force each path this way).
+// 3 = AVX-512; naming one the CPU lacks is an error (the tests force each path this way). A type
+// with no kernel of that set runs the best one below it (`kTable`: Q5_x and the K-quants have
+// none for AVX-512, whose CPUs run their AVX2 kernel).
 // Activations are float32 and every product is a float FMA of the exactly dequantized weight:
 // the result equals `x @ dequantize(blocks).T` up to the order of the sums.
 //
@@ -73,14 +75,15 @@ Int8Acts quantized(const at::Tensor& xf, int64_t rows, int64_t in, int64_t isa, 
 }
 
 void check_blocks(const at::Tensor& blocks, int64_t type, int64_t in) {
-  const int bytes = block_bytes(static_cast<int>(type));
-  TORCH_CHECK(bytes > 0, "quantized linear: ggml type ", type, " is not Q8_0, Q4_0 or Q4_1");
-  TORCH_CHECK(in > 0 && in % kBlock == 0, "quantized linear: in_features ", in,
-              " is not a positive multiple of ", kBlock);
+  const Format f = format_of(static_cast<int>(type));
+  TORCH_CHECK(f.bytes > 0, "quantized linear: ggml type ", type,
+              " is not Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K");
+  TORCH_CHECK(in > 0 && in % f.values == 0, "quantized linear: in_features ", in,
+              " is not a positive multiple of ", f.values);
   TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == at::kByte && blocks.dim() == 2 &&
                   blocks.is_contiguous(),
               "quantized linear: blocks must be a contiguous CPU uint8 tensor [out, bytes]");
-  TORCH_CHECK(blocks.size(1) == in / kBlock * bytes, "quantized linear: rows of ",
+  TORCH_CHECK(blocks.size(1) == in / f.values * f.bytes, "quantized linear: rows of ",
               blocks.size(1), " bytes do not hold ", in, " values of type ", type);
 }
 
@@ -102,15 +105,48 @@ int64_t best_isa() {
   return best;
 }
 
-LinearKernel kernel_for(int64_t isa) {
+// The float kernels by weight type and instruction set (index: the isa; nullptr: none there).
+struct TypeKernels {
+  int type;
+  LinearKernel by_isa[kAvx512 + 1];
+};
+
+#if defined(__x86_64__)
+constexpr TypeKernels kTable[] = {
+    {kQ8_0, {nullptr, &linear_scalar, &linear_avx2, &linear_avx512}},
+    {kQ4_0, {nullptr, &linear_scalar, &linear_avx2, &linear_avx512}},
+    {kQ4_1, {nullptr, &linear_scalar, &linear_avx2, &linear_avx512}},
+    {kQ5_0, {nullptr, &linear_scalar, &linear_avx2_k, nullptr}},
+    {kQ5_1, {nullptr, &linear_scalar, &linear_avx2_k, nullptr}},
+    {kQ4_K, {nullptr, &linear_scalar, &linear_avx2_k, nullptr}},
+    {kQ5_K, {nullptr, &linear_scalar, &linear_avx2_k, nullptr}},
+    {kQ6_K, {nullptr, &linear_scalar, &linear_avx2_k, nullptr}},
+};
+#endif
+
+// The kernel for `type` at `isa` (0: the best here), or the best below it that has one.
+LinearKernel kernel_for(int64_t type, int64_t isa) {
   if (isa == kAuto) isa = best_isa();
   TORCH_CHECK(isa >= kScalar && isa <= kAvx512, "quantized linear: unknown isa ", isa);
   TORCH_CHECK(cpu_has(isa), "quantized linear: this CPU cannot run isa ", isa);
 #if defined(__x86_64__)
-  if (isa == kAvx512) return &linear_avx512;
-  if (isa == kAvx2) return &linear_avx2;
+  for (const TypeKernels& k : kTable) {
+    if (k.type != type) continue;
+    for (int64_t i = isa; i >= kScalar; --i)
+      if (k.by_isa[i] != nullptr) return k.by_isa[i];
+  }
 #endif
   return &linear_scalar;
+}
+
+// The isa whose kernel `linear` runs for `type` given `isa` (0: the best here).
+int64_t kernel_isa(int64_t type, int64_t isa) {
+  const LinearKernel k = kernel_for(type, isa);
+  if (k == &linear_scalar) return kScalar;
+#if defined(__x86_64__)
+  if (k == &linear_avx512) return kAvx512;
+#endif
+  return kAvx2;
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t in,
@@ -118,7 +154,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, i
   check_blocks(blocks, type, in);
   TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
               in, "]");
-  const LinearKernel kernel = kernel_for(isa);
+  const LinearKernel kernel = kernel_for(type, isa);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const int64_t out = blocks.size(0), rows = in ? xf.numel() / in : 0;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
@@ -140,6 +176,8 @@ int64_t best_int8_isa() {
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t in,
                        int64_t isa) {
   check_blocks(blocks, type, in);
+  TORCH_CHECK(block_bytes(static_cast<int>(type)) > 0, "int8 linear: ggml type ", type,
+              " has no int8 kernel (only Q8_0, Q4_0 and Q4_1)");
   TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
               in, "]");
   if (isa == kAuto) isa = best_int8_isa();
@@ -166,7 +204,7 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t ty
     thread_local std::vector<float> xdq;
     xdq.resize(rows * in);
     for (int64_t i = 0; i < rows * in; ++i) xdq[i] = static_cast<float>(q[i]) * d[i / kBlock];
-    const LinearKernel fk = kernel_for(isa);
+    const LinearKernel fk = kernel_for(type, isa);
     const LinearArgs args{static_cast<int>(type), blocks.data_ptr<uint8_t>(), blocks.size(1), in,
                           xdq.data(), in, rows, y.data_ptr<float>(), out};
     at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) { fk(args, begin, end); });
@@ -215,6 +253,8 @@ TORCH_LIBRARY_IMPL(kvledger_quant, CPU, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", &kvledger::quant::best_isa, "the isa the operators use when given 0");
+  m.def("kernel_isa", &kvledger::quant::kernel_isa,
+        "the isa of the float kernel linear runs for (ggml type, isa)");
   m.def("cpu_has", &kvledger::quant::cpu_has, "whether this CPU runs the given isa");
   m.def("best_int8_isa", &kvledger::quant::best_int8_isa, "the isa linear_int8 uses given 0");
   m.def("cpu_has_int8", [](int64_t isa) { return kvledger::quant::cpu_has(kvledger::quant::kInt8 + isa); },

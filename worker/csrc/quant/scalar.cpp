@@ -1,7 +1,9 @@
-// The portable path: each block is dequantized to 32 floats on the stack, then multiplied
-// into up to kRows activation rows at once (one weight read serves them all). Compiled for the
-// baseline x86-64 (or any other) target; the compiler may vectorize it with what that allows.
+// The portable path: each block is dequantized to floats on the stack (32 values, a K-quant's
+// 256), then multiplied into up to kRows activation rows at once (one weight read serves them
+// all). Compiled for the baseline x86-64 (or any other) target: no FMA contracts a
+// dequantization, so `dequantize_row` equals gguf-py's bit for bit.
 #include "blocks.h"
+#include "kquants.h"
 
 namespace kvledger::quant {
 namespace {
@@ -19,29 +21,43 @@ static inline void dequantize_block(int type, const uint8_t* b, float* out) {
       out[j] = d * static_cast<float>((qs[j] & 15) - 8);
       out[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
     }
-  } else {  // Q4_1
+  } else if (type == kQ4_1) {
     const float m = half_to_float(read_u16(b + 2));
     const uint8_t* qs = b + 4;
     for (int j = 0; j < kBlock / 2; ++j) {
       out[j] = d * static_cast<float>(qs[j] & 15) + m;
       out[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
     }
+  } else if (type == kQ5_0 || type == kQ5_1) {
+    const bool one = type == kQ5_1;
+    const float m = one ? half_to_float(read_u16(b + 2)) : 0.f;
+    const uint32_t qh = read_u32(b + (one ? 4 : 2));
+    const uint8_t* qs = b + (one ? 8 : 6);
+    const int off = one ? 0 : 16;
+    for (int j = 0; j < kBlock / 2; ++j) {
+      const int lo = static_cast<int>((qs[j] & 15) | (((qh >> j) & 1) << 4)) - off;
+      const int hi = static_cast<int>((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - off;
+      out[j] = one ? d * static_cast<float>(lo) + m : d * static_cast<float>(lo);
+      out[j + 16] = one ? d * static_cast<float>(hi) + m : d * static_cast<float>(hi);
+    }
+  } else {
+    dequantize_super(type, b, out);
   }
 }
 
 template <int R>
 void tile(const LinearArgs& a, const float* x, float* y, int64_t o_begin, int64_t o_end) {
-  const int bytes = block_bytes(a.type);
-  const int64_t nb = a.in / kBlock;
-  float w[kBlock];
+  const Format f = format_of(a.type);
+  const int64_t nb = a.in / f.values;
+  float w[kSuper];
   for (int64_t o = o_begin; o < o_end; ++o) {
     const uint8_t* row = a.w + o * a.row_bytes;
     float acc[R][kBlock] = {};
     for (int64_t b = 0; b < nb; ++b) {
-      dequantize_block(a.type, row + b * bytes, w);
+      dequantize_block(a.type, row + b * f.bytes, w);
       for (int r = 0; r < R; ++r) {
-        const float* xb = x + r * a.ldx + b * kBlock;
-        for (int j = 0; j < kBlock; ++j) acc[r][j] += w[j] * xb[j];
+        const float* xb = x + r * a.ldx + b * f.values;
+        for (int j = 0; j < f.values; ++j) acc[r][j % kBlock] += w[j] * xb[j];
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -55,8 +71,8 @@ void tile(const LinearArgs& a, const float* x, float* y, int64_t o_begin, int64_
 }  // namespace
 
 void dequantize_row(int type, const uint8_t* row, int64_t in, float* out) {
-  const int bytes = block_bytes(type);
-  for (int64_t b = 0; b < in / kBlock; ++b) dequantize_block(type, row + b * bytes, out + b * kBlock);
+  const Format f = format_of(type);
+  for (int64_t b = 0; b < in / f.values; ++b) dequantize_block(type, row + b * f.bytes, out + b * f.values);
 }
 
 void linear_scalar(const LinearArgs& a, int64_t o_begin, int64_t o_end) {
