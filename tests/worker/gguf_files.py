@@ -88,11 +88,12 @@ def write_llama_gguf(
     odd_one: tuple[str, GGMLQuantizationType] | None = None,
     metadata: dict[str, object] | None = None,
     long_token: int = 0,
+    mix: dict[str, GGMLQuantizationType] | None = None,
 ) -> Path:
     """A GGUF of a random Llama (SHAPE) with every matrix in `qtype`; `odd_one` stores one
-    tensor (by llama.cpp name) in another type. `metadata` overrides SHAPE's values in the
-    file's metadata only (the weights keep SHAPE); `long_token` makes one control token a
-    string of that many bytes."""
+    tensor (by llama.cpp name) in another type, `mix` any number of them (as llama-quantize's
+    Q4_K_M mixes types). `metadata` overrides SHAPE's values in the file's metadata only (the
+    weights keep SHAPE); `long_token` makes one control token a string of that many bytes."""
     hf_dir = save_hf_model(out / "hf", "llama", dict(SHAPE, tie_word_embeddings=tied), seed)
     from safetensors.torch import load_file
 
@@ -109,7 +110,7 @@ def write_llama_gguf(
             w = ggml_permute(w, SHAPE["num_attention_heads"])
         elif name.endswith("attn_k.weight"):
             w = ggml_permute(w, SHAPE["num_key_value_heads"])
-        kind = odd_one[1] if odd_one and odd_one[0] == name else qtype
+        kind = odd_one[1] if odd_one and odd_one[0] == name else (mix or {}).get(name, qtype)
         _add(writer, name, w, Q.F32 if w.ndim == 1 else kind, seed + i)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
