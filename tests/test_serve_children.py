@@ -3,6 +3,8 @@ environment), or one of the named exceptions of kvledger/children.py."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections import Counter
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -166,3 +168,29 @@ def test_serve_reads_workers_connected_from_a_live_metrics_endpoint():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_serve_waits_past_its_timeout_only_while_a_kernel_build_writes(monkeypatch, tmp_path):
+    """A worker compiling its kernels on a slow machine is progress: serve's readiness waits
+    while a build directory under the cache was written within the grace period, and times
+    out once it stops."""
+    monkeypatch.setenv("KVLEDGER_CACHE_DIR", str(tmp_path))
+    assert not cli._still_building()  # no build directory at all
+    build = tmp_path / "torch_extensions" / "kvledger_quant_ops_0123"
+    build.mkdir(parents=True)
+    obj = build / "linear.o"
+    obj.write_bytes(b"")
+    assert cli._still_building()
+    old = time.time() - cli.BUILD_GRACE_SECONDS - 1
+    os.utime(obj, (old, old))
+    os.utime(build, (old, old))
+    assert not cli._still_building()
+
+    monkeypatch.setattr(cli, "STARTUP_TIMEOUT_SECONDS", 0)
+    # the build's last write ages past the grace period 1.5 s from now: serve waits that long
+    recent = time.time() - cli.BUILD_GRACE_SECONDS + 1.5
+    os.utime(obj, (recent, recent))
+    url = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    assert not cli._wait_ready(url, f"{url}/metrics", Counter(), [], {"signal": None})
+    assert 1.0 <= time.monotonic() - started < 10

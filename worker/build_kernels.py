@@ -1,25 +1,31 @@
 """Builds the worker's compiled CPU kernels ahead of time: `python -m worker.build_kernels`.
 
-A worker builds them on its first start (worker/native.py), which takes a minute or more on a
-busy two-core machine. `make test` and the CPU image run this first, so no test and no container
-start waits on the compiler or is cut off while it runs. Exit 1, naming the cause, when a
-module cannot be built.
+A worker builds them on its first start (worker/native.py) where they are missing, ~2 min on a
+two-core machine. `make install` (so `make run`'s first start does not wait), `make test` and the
+CPU image run this first, so no test and no container start waits on the compiler or is cut off
+while it runs; where the kernels are built already it loads them in seconds. Exit 1, naming the
+cause, when a module cannot be built.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 from worker import native
 from worker.quant import kernels
 
 
 def main() -> int:
-    for name, module in (("cpu ops", native.load()), ("quant ops", kernels.load())):
+    for name, load in (("cpu ops", native.load), ("quant ops", kernels.load)):
+        print(f"kvledger: {name} kernels: loading, or building (~1 min on two cores)", flush=True)
+        start = time.monotonic()
+        module = load()
         if isinstance(module, str):
             print(f"kvledger: the {name} kernels could not be built: {module}", file=sys.stderr)
             return 1
-        print(f"kvledger: {name} kernels ready ({module.__file__})")
+        took = time.monotonic() - start
+        print(f"kvledger: {name} kernels ready in {took:.0f} s ({module.__file__})")
     return 0
 
 

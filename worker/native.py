@@ -7,7 +7,9 @@ It is compiled with the local compiler by torch's extension builder into
 `<KVLEDGER_CACHE_DIR>/torch_extensions/`, under a name that carries a digest of the sources,
 the torch version and this CPU's instruction-set flags: it is built with `-march=native`, so a
 cache directory shared between machines (a volume) never hands one CPU another's binary. A
-build takes ~30-60 s on two cores, once; later starts load it in milliseconds. Where no
+build takes ~1 min on two cores, once (`make install` runs it: worker/build_kernels.py); later
+starts load it in milliseconds. No file but module.cpp includes pybind11 (csrc/aten_lite.h says
+why). Where no
 compiler or ninja is available the build fails, `load()` says why, and the callers fall back
 to torch: the reference attention backend, the torch ops of `worker/layers/`.
 
@@ -36,7 +38,13 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / name for name in ("module.cpp", "paged_decode.cpp", "fused.cpp", "masks.cpp")]
 HEADERS = [
     CSRC / name
-    for name in ("ops.h", "decode_block.h", "shared_prefix.h", "shared_prefix_kernels.h")
+    for name in (
+        "aten_lite.h",
+        "ops.h",
+        "decode_block.h",
+        "shared_prefix.h",
+        "shared_prefix_kernels.h",
+    )
 ]
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | str] = {}
@@ -119,7 +127,7 @@ def build_extension(name: str, sources: list[Path], flags: list[str]) -> ModuleT
     flags = list(flags)
     if torch.backends.openmp.is_available():
         flags.append("-fopenmp")  # at::parallel_for runs serially unless OpenMP is on here too
-    log.info("loading the compiled CPU kernels %s (built once per machine: ~30-60 s)", name)
+    log.info("loading the compiled CPU kernels %s (built once per machine: ~1 min)", name)
     try:
         build_dir = _build_dir(name)
         # torch's own build lock is a file that a builder killed mid-build (a worker stopped

@@ -1,4 +1,6 @@
 // The Python module: one binding per kernel of ops.h.
+#include <torch/csrc/utils/pybind.h>
+
 #include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

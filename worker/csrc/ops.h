@@ -1,7 +1,7 @@
 // The CPU kernels of the worker's compiled module (worker/native.py builds it once per machine).
 #pragma once
 
-#include <torch/extension.h>
+#include "aten_lite.h"
 
 #include <vector>
 

@@ -26,6 +26,7 @@ CSRC = Path(__file__).parent.parent / "csrc" / "quant"
 SOURCES = [
     CSRC / name
     for name in (
+        "module.cpp",
         "linear.cpp",
         "rows16_ops.cpp",
         "scalar.cpp",
@@ -45,6 +46,7 @@ SOURCES = [
     )
 ]
 HEADERS = [
+    CSRC.parent / "aten_lite.h",
     CSRC / "blocks.h",
     CSRC / "kquants.h",
     CSRC / "int8_tile.h",

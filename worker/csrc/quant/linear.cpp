@@ -19,7 +19,6 @@
 // activations are rounded). isa: 0 = the best here (AVX-512 VNNI, else AVX2, else scalar),
 // 1 = scalar, 2 = AVX2, 3 = AVX-512 VNNI.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
 
 #include "blocks.h"
 #include "ops.h"
@@ -98,8 +97,6 @@ std::pair<at::Tensor, at::Tensor> lookup(const at::Tensor& ids, int64_t total, i
   return {idx, at::empty(shape, options.dtype(at::kFloat))};
 }
 
-namespace {
-
 int64_t best_isa() {
   static const int64_t best = cpu_has(kAvx512) ? kAvx512 : cpu_has(kAvx2) ? kAvx2 : kScalar;
   return best;
@@ -149,6 +146,13 @@ int64_t kernel_isa(int64_t type, int64_t isa) {
   return kAvx2;
 }
 
+int64_t best_int8_isa() {
+  static const int64_t best = cpu_has(kInt8 + kAvx512) ? kAvx512 : cpu_has(kAvx2) ? kAvx2 : kScalar;
+  return best;
+}
+
+namespace {
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t in,
                   int64_t isa) {
   check_blocks(blocks, type, in);
@@ -166,11 +170,6 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, i
   const int64_t grain = std::max<int64_t>(1, kMinWorkPerTask / (in * rows));
   at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
-}
-
-int64_t best_int8_isa() {
-  static const int64_t best = cpu_has(kInt8 + kAvx512) ? kAvx512 : cpu_has(kAvx2) ? kAvx2 : kScalar;
-  return best;
 }
 
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t in,
@@ -250,21 +249,3 @@ TORCH_LIBRARY_IMPL(kvledger_quant, CPU, m) {
 }
 
 }  // namespace kvledger::quant
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("best_isa", &kvledger::quant::best_isa, "the isa the operators use when given 0");
-  m.def("kernel_isa", &kvledger::quant::kernel_isa,
-        "the isa of the float kernel linear runs for (ggml type, isa)");
-  m.def("cpu_has", &kvledger::quant::cpu_has, "whether this CPU runs the given isa");
-  m.def("best_int8_isa", &kvledger::quant::best_int8_isa, "the isa linear_int8 uses given 0");
-  m.def("cpu_has_int8", [](int64_t isa) { return kvledger::quant::cpu_has(kvledger::quant::kInt8 + isa); },
-        "whether this CPU runs linear_int8 with the given isa");
-  m.def("q8_vnni_runs", &kvledger::quant::q8_vnni_runs,
-        "whether int8 activations on Q8_0 tiles run their VNNI kernel (AVX512-VBMI too)");
-  // the operators a decode step calls per layer, without torch.ops' dispatch (ops.h)
-  m.def("linear_rows16", &kvledger::quant::direct_linear_rows16, "as kvledger_quant::linear_rows16");
-  m.def("linear_int8_rows16", &kvledger::quant::direct_linear_int8_rows16,
-        "as kvledger_quant::linear_int8_rows16");
-  m.def("linear_f32_rows16", &kvledger::quant::direct_linear_f32_rows16,
-        "as kvledger_quant::linear_f32_rows16");
-}

@@ -2,7 +2,7 @@
 // instruction-set codes, the CPU check, the blocks' check and the activation quantizer.
 #pragma once
 
-#include <torch/extension.h>
+#include "../aten_lite.h"
 
 #include "blocks.h"
 
@@ -26,6 +26,12 @@ at::Tensor direct_linear_f32_rows16(const at::Tensor& x, const at::Tensor& tiles
 
 // Whether this CPU runs `isa` (kInt8 + isa: the int8-activation path of that isa).
 bool cpu_has(int64_t isa);
+// The isa the float operators run given kAuto, and linear_int8's (linear.cpp).
+int64_t best_isa();
+int64_t best_int8_isa();
+// The isa of the float kernel `linear` runs for `type` asked `isa` (kAuto: the best here): the
+// best at or below it that has a kernel for the type (linear.cpp's table).
+int64_t kernel_isa(int64_t type, int64_t isa);
 // Whether int8 activations on Q8_0 tiles run their VNNI kernel here (AVX512-VBMI as well).
 bool q8_vnni_runs();
 

@@ -16,7 +16,6 @@
 // may differ in the last bits with the size of its batch: the float32 layers already change
 // library with it (oneDNN or MKL from 17 rows), so batches never gave a row the same bits.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
 
 #include "ops.h"
 #include "rows16.h"

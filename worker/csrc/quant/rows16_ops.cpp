@@ -12,7 +12,6 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/extension.h>
 
 #include <atomic>
 

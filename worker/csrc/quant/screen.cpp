@@ -14,7 +14,6 @@
 // written. Like the float32 tiles' kernel it prefetches 2 KiB ahead: at one row the screen is
 // a stream of the weights, and the hardware prefetcher stops at each 4 KiB page.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
 
 #include <algorithm>
 #include <limits>

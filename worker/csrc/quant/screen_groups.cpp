@@ -13,7 +13,6 @@
 // The float32 arithmetic is the Python reference's (`Int8ScreenedArgmax.bounds`), up to a
 // contraction into one rounding, which the bound's slack covers either way.
 
-#include <torch/extension.h>
 
 #include <algorithm>
 #include <limits>
