@@ -151,6 +151,11 @@ def expected_workers(args: argparse.Namespace) -> Counter[str]:
     return expected
 
 
+def metrics_port_count(args: argparse.Namespace) -> int:
+    """How many metrics ports serve's children bind from --metrics-port on (`plan`)."""
+    return 1 + args.num_workers + (args.embedding_model != "none")
+
+
 def scheduler_metrics_url(args: argparse.Namespace) -> str:
     """Where serve reads the scheduler's metrics (any-address binds are read on loopback)."""
     host = args.metrics_host

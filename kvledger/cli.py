@@ -23,18 +23,22 @@ from kvledger.children import (
     SERVE_ONLY_FLAGS,
     ChildSpec,
     expected_workers,
+    metrics_port_count,
     plan,
     required_models,
     scheduler_metrics_url,
     serve_parser,
 )
 from kvledger.flag_values import fill_list_defaults, warn_secrets_on_command_line
-from kvledger.flags import FLAGS
+from kvledger.flags import DEFAULT_METRICS_PORT, FLAGS, SCHEDULER
+from kvledger.groups import SCHEDULER_GRPC_PORT
 from kvledger.log import setup_logging
+from kvledger.ports import Defaults, PortTaken, claim_ports
 
 log = logging.getLogger("kvledger.serve")
 
 STARTUP_TIMEOUT_SECONDS = 600
+PORT_DEFAULTS = Defaults(SCHEDULER_GRPC_PORT, DEFAULT_METRICS_PORT[SCHEDULER])
 # Past that timeout serve keeps waiting while a worker's kernel build writes files this recently.
 BUILD_GRACE_SECONDS = 120
 # Beyond each child's own --shutdown-timeout, before serve kills it.
@@ -189,6 +193,13 @@ def serve(argv: Sequence[str]) -> int:
         # a missing path or package: one line, before any service starts
         print(f"kvledger serve: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
         return 2
+    try:
+        moved = claim_ports(args, metrics_port_count(args), PORT_DEFAULTS)
+    except PortTaken as err:
+        print(f"kvledger serve: {err}", file=sys.stderr, flush=True)
+        return 2
+    for line in moved:
+        log.warning("%s", line)
     args.worker_auth_token = args.worker_auth_token or secrets.token_hex(16)
     args.frontend_auth_token = args.frontend_auth_token or secrets.token_hex(16)
 
