@@ -16,6 +16,9 @@ from benchmarks.chat_workload import chat_workload
 from benchmarks.load import Workload, drive
 
 REAL = "smollm2"  # --size of the real SmolLM2-135M-Instruct file, served as SMOLLM2
+# --size of the Llama-3.2-1B-shaped random file (benchmarks/gguf_1b.py) in each llama.cpp type
+ONE_B = {"1b-q4_k_m": "Q4_K_M", "1b-q4_0": "Q4_0", "1b-q8_0": "Q8_0"}
+FILE_SIZES = (REAL, *ONE_B)  # GGUF files served as they are, on the chat workload
 COLD_TOKENS = 8  # output tokens of a cold-prefill request: its TTFT is what it measures
 
 
@@ -43,7 +46,7 @@ def workloads(
     model: Path, size: str, requests: int, c1_requests: int, cold_requests: int, max_tokens: int
 ) -> list[Run]:
     """The runs every engine serves: c=16, c=1 and (unless no requests) the cold prefill."""
-    if size == REAL:
+    if size in FILE_SIZES:
         wl = chat_workload(model, requests, max_tokens)
         c1 = chat_workload(model, c1_requests, max_tokens)
         cold = chat_workload(model, cold_requests, COLD_TOKENS, cold=True)

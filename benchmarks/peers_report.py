@@ -128,3 +128,17 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
+
+
+def print_bound(report: dict, bandwidth: float, weights: int) -> None:
+    """Each engine's c=1 rate as a fraction of the memory-bandwidth bound (benchmarks/
+    bandwidth.py: a decode step at one stream reads every weight once)."""
+    bound = bandwidth / weights
+    print(
+        f"c=1 bound: {bandwidth / 1e9:.1f} GB/s read / {weights / 2**20:.0f} MiB of weights "
+        f"= {bound:.1f} tok/s"
+    )
+    for engine in report:
+        rate = _tok_s(report, engine, 1)
+        if rate:
+            print(f"{engine} c=1: {rate:.1f} tok/s, {100 * rate / bound:.0f}% of the bound")
