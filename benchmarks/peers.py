@@ -55,6 +55,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import gguf_1b  # noqa: E402
+from benchmarks.bandwidth import read_bandwidth, weight_bytes  # noqa: E402
 from benchmarks.llama_cpp import gguf_of, requantized  # noqa: E402
 from benchmarks.peer_engines import run_llama_cpp, run_transformers, run_vllm  # noqa: E402
 from benchmarks.peer_runs import (  # noqa: E402
@@ -67,7 +68,6 @@ from benchmarks.peer_runs import (  # noqa: E402
     process_name,
     workloads,
 )
-from benchmarks.bandwidth import read_bandwidth, weight_bytes  # noqa: E402
 from benchmarks.peers_report import print_bound, print_rounds, print_table  # noqa: E402
 from kvledger.models import (  # noqa: E402
     SMOLLM2,
