@@ -17,7 +17,15 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from tests.worker.quant_helpers import SHAPES, TYPES, int8_activations, int8_rule, quantized
+from tests.worker.quant_helpers import (
+    K_SHAPES,
+    K_TYPES,
+    SHAPES,
+    TYPES,
+    int8_activations,
+    int8_rule,
+    quantized,
+)
 from worker.quant import kernels
 from worker.quant.layers import QuantizedLinear
 
@@ -39,14 +47,18 @@ def int8_isa_or_skip(module, isa: str) -> str:  # noqa: ANN001
     return isa
 
 
+# every type with an int8 kernel, with its shapes (the K-quants' rows hold 256-value blocks)
+CASES = [(t, s) for t in TYPES for s in SHAPES] + [(t, s) for t in K_TYPES for s in K_SHAPES]
+
+
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize(("qtype", "shape"), CASES, ids=lambda c: getattr(c, "name", str(c)))
 def test_each_path_computes_the_rule_within_its_bound(module, isa, qtype, shape) -> None:  # noqa: ANN001
     int8_isa_or_skip(module, isa)
     out, inp = shape
     blocks, w = quantized(out, inp, qtype)
     layer = QuantizedLinear(inp, blocks, int(qtype), isa=isa, activations="int8")
+    assert layer.activations == "int8"
     for rows in ROWS:
         x = int8_activations(rows, inp, rows)
         got = layer(x).double()

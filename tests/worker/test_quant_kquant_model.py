@@ -24,6 +24,7 @@ from worker.quant.layers import QuantizedEmbedding, QuantizedLinear, StackedQuan
 pytestmark = pytest.mark.timeout(900)
 Q = GGMLQuantizationType
 TOLERANCE = 1e-3
+INT8_LOGIT_BOUND = 5e-2  # relative to the largest logit (tests/worker/test_quant_int8_model.py)
 MIX = {
     "token_embd.weight": Q.Q6_K,
     "blk.0.attn_v.weight": Q.Q6_K,
@@ -98,3 +99,20 @@ def test_greedy_tokens_equal_except_near_ties(pair) -> None:  # noqa: ANN001
     want = full_logits(ref, sequence)[len(prompt) - 1 : -1]
     got = full_logits(quant, sequence)[len(prompt) - 1 : -1]
     assert greedy_disagreements(want, got, TOLERANCE) == []
+
+
+def test_int8_activations_stay_within_their_bound(pair, gguf_path) -> None:  # noqa: ANN001
+    """`--quantization gguf-int8` on the mixed file: the K-quant, Q4/Q8 layers quantize their
+    activations (Q5_0/Q5_1 stay float), logits within the int8 path's stated bound
+    (tests/worker/test_quant_int8_model.py) relative to the largest."""
+    _, ref = pair
+    int8 = make_runner(gguf_path, quantization="gguf-int8", fused_cpu_ops=False)
+    kinds = {
+        m.ggml_type: m.activations for m in int8.model.modules() if isinstance(m, QuantizedLinear)
+    }
+    assert kinds[Q.Q4_K] == kinds[Q.Q6_K] == kinds[Q.Q5_K] == kinds[Q.Q8_0] == "int8"
+    assert kinds[Q.Q5_0] == kinds[Q.Q5_1] == "float"
+    for seed, length in ((0, 1), (1, 9)):
+        tokens = random_tokens(length, int8.vocab_size, seed)
+        got, want = full_logits(int8, tokens), full_logits(ref, tokens)
+        assert (got - want).abs().max().item() <= INT8_LOGIT_BOUND * want.abs().max().item()

@@ -96,13 +96,13 @@ def test_mixed_type_shards_stack_side_by_side(module) -> None:  # noqa: ANN001
 
 
 def test_int8_activations_on_a_type_without_int8_kernels_stay_float(module) -> None:  # noqa: ANN001
-    blocks, w = quantized(64, 256, Q.Q4_K)
-    layer = QuantizedLinear(256, blocks, int(Q.Q4_K), activations="int8")
+    blocks, w = quantized(64, 256, Q.Q5_0)
+    layer = QuantizedLinear(256, blocks, int(Q.Q5_0), activations="int8")
     assert layer.activations == "float"
     x = torch.randn(2, 256)
     assert_matches(layer(x), x, w)
     with pytest.raises(RuntimeError, match="no int8 kernel"):
-        torch.ops.kvledger_quant.linear_int8(x, blocks, int(Q.Q4_K), 256, 0)
+        torch.ops.kvledger_quant.linear_int8(x, blocks, int(Q.Q5_0), 256, 0)
 
 
 def test_the_default_path_is_the_best_this_cpu_runs(module, monkeypatch) -> None:  # noqa: ANN001

@@ -8,7 +8,7 @@ blocks, so a weight [out, in] is stored as uint8 [out, in / block_values * block
 layout GGUF files keep on disk.
 
 `INT8_TYPES` are those the int8-activation kernels read (`--quantization gguf-int8`); a layer
-of another type multiplies float activations whatever that flag says.
+of another type (Q5_0, Q5_1) multiplies float activations whatever that flag says.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ FORMATS = {
         BlockFormat("Q6_K", 14, 210, 256),
     )
 }
-INT8_TYPES = (2, 3, 8)
+INT8_TYPES = (2, 3, 8, 12, 13, 14)  # Q4_0, Q4_1, Q8_0 and the K-quants
 BY_NAME = {f.name: f for f in FORMATS.values()}
 
 

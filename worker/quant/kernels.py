@@ -33,6 +33,7 @@ SOURCES = [
         "avx2.cpp",
         "avx512.cpp",
         "kquant_avx2.cpp",
+        "kquant_int8_avx2.cpp",
         "int8_scalar.cpp",
         "int8_avx2.cpp",
         "int8_vnni.cpp",

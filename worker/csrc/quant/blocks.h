@@ -157,6 +157,8 @@ void quantize_acts_avx2(const float* x, int64_t rows, int64_t in, int8_t* q, flo
 void int8_scalar(const Int8Args& a, int64_t o_begin, int64_t o_end);
 void int8_avx2(const Int8Args& a, int64_t o_begin, int64_t o_end);
 void int8_vnni512(const Int8Args& a, int64_t o_begin, int64_t o_end);
+// the K-quants' (Q4_K, Q5_K, Q6_K) on AVX2 (AVX-512 CPUs too: linear.cpp's table)
+void int8_avx2_k(const Int8Args& a, int64_t o_begin, int64_t o_end);
 
 // Row `o`'s `in` values as float32 (the exact dequantization, as ggml's reference code), any
 // type of `format_of`.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "blocks.h"
+#include "kquants.h"
 
 namespace kvledger::quant {
 namespace {
@@ -45,7 +46,30 @@ void quantize_acts(const float* x, int64_t rows, int64_t in, int8_t* q, float* d
   }
 }
 
+// The K-quants: each super-block dequantized exactly (kquants.h), times the dequantized
+// activations; the same sums as the integer form up to rounding (kquant_int8_avx2.cpp).
+static void int8_k_scalar(const Int8Args& a, int64_t o_begin, int64_t o_end) {
+  const Format f = format_of(a.type);
+  const int64_t nb = a.in / kBlock;
+  float w[kSuper];
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    const uint8_t* row = a.w + o * a.row_bytes;
+    for (int64_t r = 0; r < a.rows; ++r) {
+      float acc = 0.f;
+      for (int64_t s = 0; s < a.in / kSuper; ++s) {
+        dequantize_super(a.type, row + s * f.bytes, w);
+        for (int j = 0; j < kSuper; ++j) {
+          const int64_t i = r * a.in + s * kSuper + j;
+          acc += w[j] * (a.x.d[r * nb + i % a.in / kBlock] * static_cast<float>(a.x.q[i]));
+        }
+      }
+      a.y[r * a.ldy + o] = acc;
+    }
+  }
+}
+
 void int8_scalar(const Int8Args& a, int64_t o_begin, int64_t o_end) {
+  if (format_of(a.type).values == kSuper) return int8_k_scalar(a, o_begin, o_end);
   const int bytes = block_bytes(a.type);
   const int64_t nb = a.in / kBlock;
   int q[kBlock];

@@ -175,8 +175,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, i
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t in,
                        int64_t isa) {
   check_blocks(blocks, type, in);
-  TORCH_CHECK(block_bytes(static_cast<int>(type)) > 0, "int8 linear: ggml type ", type,
-              " has no int8 kernel (only Q8_0, Q4_0 and Q4_1)");
+  const bool k_quant = format_of(static_cast<int>(type)).values == kSuper;
+  TORCH_CHECK(block_bytes(static_cast<int>(type)) > 0 || k_quant, "int8 linear: ggml type ", type,
+              " has no int8 kernel (only Q8_0, Q4_0, Q4_1 and the K-quants)");
   TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
               in, "]");
   if (isa == kAuto) isa = best_int8_isa();
@@ -186,6 +187,7 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t ty
 #if defined(__x86_64__)
   if (isa == kAvx2) kernel = &int8_avx2;
   if (isa == kAvx512) kernel = &int8_vnni512;
+  if (k_quant && isa != kScalar) kernel = &int8_avx2_k;  // no AVX-512 K-quant kernel: AVX2's
 #endif
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const int64_t out = blocks.size(0), rows = xf.numel() / in;
