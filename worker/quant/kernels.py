@@ -50,6 +50,7 @@ HEADERS = [
     CSRC.parent / "aten_lite.h",
     CSRC / "blocks.h",
     CSRC / "kquants.h",
+    CSRC / "kquants_avx2.h",
     CSRC / "int8_tile.h",
     CSRC / "rows16.h",
     CSRC / "ops.h",

@@ -20,6 +20,8 @@
 namespace kvledger::quant {
 namespace {
 
+#include "kquants_avx2.h"
+
 constexpr int kRows = 4;
 constexpr int64_t kOutChunk = 64;
 
@@ -61,7 +63,7 @@ struct K45 {
   struct Factors {
     float d[8], m[8];
   };
-  static inline void factors(const uint8_t* b, Factors& f) { k4_factors(b, f.d, f.m); }
+  static inline void factors(const uint8_t* b, Factors& f) { k4_factors_avx2(b, f.d, f.m); }
   static inline void load(const uint8_t* b, const Factors& f, int g, __m256* w) {
     const uint8_t* qs = b + (kFive ? 48 : 16) + 32 * (g / 2);
     const __m256i mask = _mm256_set1_epi32(15);
@@ -82,7 +84,7 @@ struct K6 {
   struct Factors {
     float f[16];
   };
-  static inline void factors(const uint8_t* b, Factors& f) { k6_factors(b, f.f); }
+  static inline void factors(const uint8_t* b, Factors& f) { k6_factors_avx2(b, f.f); }
   static inline void load(const uint8_t* b, const Factors& f, int g, __m256* w) {
     const int h = g / 4, k = g % 4;
     const uint8_t* ql = b + 64 * h + 32 * (k % 2);

@@ -2,7 +2,8 @@
 // quantized per block of 32 (blocks.h, `Int8Acts`) meet each 32-value sub-block of a super-block
 // (kquants.h) in an integer dot product (maddubs + madd), scaled once per sub-block:
 //   Q4_K / Q5_K: d_g * d_x * dot(q, x) - m_g * sd_x   (q unsigned; m_g: dmin * min, sd_x: the
-//                activation block's d times its sum of quants, `Int8Acts::sv`)
+//                activation block's d times its sum of quants; the 8 sub-blocks' factors and
+//                min terms are taken 8 at a time per super-block, one broadcast per sub-block)
 //   Q6_K:        per 16 values, f_i * d_x * dot(q - 32, x), the signed quants as |q| against x
 //                signed by q (maddubs wants one unsigned side), each half's scale on its 4 lanes
 // which is the dequantized weight times the dequantized activations up to rounding, as the other
@@ -18,6 +19,8 @@
 
 namespace kvledger::quant {
 namespace {
+
+#include "kquants_avx2.h"
 
 constexpr int kRows = 4;
 constexpr int64_t kOutChunk = 64;
@@ -64,18 +67,22 @@ void tile45(const Int8Args& a, int64_t r0, int64_t o_begin, int64_t o_end) {
     for (int r = 0; r < R; ++r) acc[r] = cacc[r] = _mm256_setzero_ps();
     for (int64_t s = 0; s < ns; ++s) {
       const uint8_t* blk = row + s * Q::kBytes;
-      float dg[8], mg[8];
-      k4_factors(blk, dg, mg);
+      alignas(32) float dg[8], mg[8];
+      k4_factors_avx2(blk, dg, mg);
+      // per row, the 8 sub-blocks' d_g * d_x at once, and the mins' term for the super-block
+      alignas(32) float scale[R][8];
+      for (int r = 0; r < R; ++r) {
+        const int64_t xb = (r0 + r) * nb + s * 8;
+        _mm256_store_ps(scale[r], _mm256_mul_ps(_mm256_load_ps(dg), _mm256_loadu_ps(a.x.d + xb)));
+        cacc[r] = _mm256_fnmadd_ps(_mm256_load_ps(mg), _mm256_loadu_ps(a.x.sd + xb), cacc[r]);
+      }
       for (int g = 0; g < 8; ++g) {
         const __m256i q = Q::quants(blk, g);
         const int64_t b = s * 8 + g;
-        const __m256 ws = _mm256_set1_ps(dg[g]), cw = _mm256_set1_ps(-mg[g]);
         for (int r = 0; r < R; ++r) {
           const int64_t xb = (r0 + r) * nb + b;
           const __m256i dot = dot32(q, load32(reinterpret_cast<const uint8_t*>(a.x.q) + xb * kBlock));
-          const __m256 sc = _mm256_mul_ps(ws, _mm256_loadu_ps(a.x.dv + xb * 8));
-          acc[r] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(dot), acc[r]);
-          cacc[r] = _mm256_fmadd_ps(cw, _mm256_loadu_ps(a.x.sv + xb * 8), cacc[r]);
+          acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&scale[r][g]), _mm256_cvtepi32_ps(dot), acc[r]);
         }
       }
     }
@@ -94,21 +101,29 @@ void tile6(const Int8Args& a, int64_t r0, int64_t o_begin, int64_t o_end) {
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t s = 0; s < ns; ++s) {
       const uint8_t* blk = row + s * 210;
-      float f[16];
-      k6_factors(blk, f);
+      alignas(32) float f[16];
+      k6_factors_avx2(blk, f);
+      // per row, each 16 values' f_i * d_x (sub-block g's two halves: i = 2g, 2g + 1)
+      alignas(32) float scale[R][16];
+      for (int r = 0; r < R; ++r) {
+        const __m256 d = _mm256_loadu_ps(a.x.d + (r0 + r) * nb + s * 8);
+        const __m256 lo = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+        const __m256 hi = _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+        _mm256_store_ps(scale[r], _mm256_mul_ps(_mm256_load_ps(f), lo));
+        _mm256_store_ps(scale[r] + 8, _mm256_mul_ps(_mm256_load_ps(f + 8), hi));
+      }
       for (int g = 0; g < 8; ++g) {
         const int h = g / 4, k = g % 4;
         const __m256i lo = bits(load32(blk + 64 * h + 32 * (k % 2)), 4 * (k / 2), 15);
         const __m256i hi = _mm256_slli_epi16(bits(load32(blk + 128 + 32 * h), 2 * k, 3), 4);
         const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, hi), off);  // -32..31
         const __m256i wq = _mm256_sign_epi8(q, q);
-        const __m256 ws = _mm256_setr_m128(_mm_set1_ps(f[8 * h + 2 * k]), _mm_set1_ps(f[8 * h + 2 * k + 1]));
-        const int64_t b = s * 8 + g;
+        const int i = 8 * h + 2 * k;  // the factor of the sub-block's first 16 values
         for (int r = 0; r < R; ++r) {
-          const int64_t xb = (r0 + r) * nb + b;
+          const int64_t xb = (r0 + r) * nb + s * 8 + g;
           const __m256i x = load32(reinterpret_cast<const uint8_t*>(a.x.q) + xb * kBlock);
           const __m256i dot = dot32(wq, _mm256_sign_epi8(x, q));
-          const __m256 sc = _mm256_mul_ps(ws, _mm256_loadu_ps(a.x.dv + xb * 8));
+          const __m256 sc = _mm256_setr_m128(_mm_broadcast_ss(&scale[r][i]), _mm_broadcast_ss(&scale[r][i + 1]));
           acc[r] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(dot), acc[r]);
         }
       }
