@@ -30,7 +30,7 @@ from worker.quant import kernels
 from worker.quant.layers import QuantizedLinear
 
 ISAS = ["scalar", "avx2", "avx512"]
-ROWS = [1, 2, 3, 4, 9, 33]  # the integer kernel's tiles, and from 4 on the float one's
+ROWS = [1, 2, 3, 4, 9, 33, 130]  # the integer kernel's tiles, from 4 the float ones, 128 a GEMM
 RULE_TOLERANCE = 1e-5  # float rounding, relative to the output's largest magnitude
 
 

@@ -153,6 +153,39 @@ int64_t best_int8_isa() {
 
 namespace {
 
+// From this many activation rows the GGUF rows' paths multiply through the float GEMM: the
+// per-row kernels' cost grows with the rows (a decode per 4), the GEMM's hardly (one decode).
+// On a 2-core AVX2 EPYC (Zen 1) an 8192 x 2048 Q4_K layer broke even at ~30 rows (Q6_K ~15).
+constexpr int64_t kGemmRowsGguf = 32;
+
+// xf [rows, in] @ W^T for GGUF rows through the float GEMM (from kGemmRowsGguf rows),
+// slabs of the weight's rows dequantized into a float32 scratch: the per-row kernels decode each
+// weight again for every 4 activation rows, ~100 decodes per weight at a 1B model's 512-row
+// prefill chunk, where the GEMM takes one. The same products summed in another order.
+at::Tensor gemm_rows(const at::Tensor& xf, const at::Tensor& blocks, int64_t type, int64_t in) {
+  const int64_t out = blocks.size(0), rows = xf.numel() / in, row_bytes = blocks.size(1);
+  const int64_t slab = std::max<int64_t>(1, kScratchFloats / in);  // weight rows per slab
+  thread_local std::vector<float> w;  // kept for the next call: no page faults per layer
+  w.resize(std::min(slab, out) * in);
+  float* wp = w.data();  // the calling thread's scratch (the pool's threads have their own)
+  const uint8_t* src = blocks.data_ptr<uint8_t>();
+  const at::Tensor x2 = xf.view({rows, in});
+  auto slab_product = [&](int64_t o, int64_t n) {
+    at::parallel_for(o, o + n, std::max<int64_t>(1, kMinWorkPerTask / in), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        dequantize_row(static_cast<int>(type), src + i * row_bytes, in, wp + (i - o) * in);
+    });
+    return float_gemm(x2, at::from_blob(wp, {n, in}, xf.options()).t());
+  };
+  if (out <= slab) return slab_product(0, out);
+  at::Tensor y = at::empty({rows, out}, xf.options());
+  for (int64_t o = 0; o < out; o += slab) {
+    const int64_t n = std::min(slab, out - o);
+    y.narrow(1, o, n).copy_(slab_product(o, n));
+  }
+  return y;
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t in,
                   int64_t isa) {
   check_blocks(blocks, type, in);
@@ -163,6 +196,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, i
   const int64_t out = blocks.size(0), rows = in ? xf.numel() / in : 0;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = out;
+  if (rows >= kGemmRowsGguf && out > 0) {
+    const at::Tensor y = gemm_rows(xf, blocks, type, in).view(shape);
+    return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  }
   at::Tensor y = at::empty(shape, xf.options());
   if (rows == 0 || out == 0) return y.to(x.scalar_type());
   const LinearArgs args{static_cast<int>(type), blocks.data_ptr<uint8_t>(), blocks.size(1), in,
@@ -205,6 +242,11 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t ty
     thread_local std::vector<float> xdq;
     xdq.resize(rows * in);
     for (int64_t i = 0; i < rows * in; ++i) xdq[i] = static_cast<float>(q[i]) * d[i / kBlock];
+    if (rows >= kGemmRowsGguf) {
+      const at::Tensor xq = at::from_blob(xdq.data(), {rows, in}, xf.options());
+      const at::Tensor yq = gemm_rows(xq, blocks, type, in).view(shape);
+      return x.scalar_type() == at::kFloat ? yq : yq.to(x.scalar_type());
+    }
     const LinearKernel fk = kernel_for(type, isa);
     const LinearArgs args{static_cast<int>(type), blocks.data_ptr<uint8_t>(), blocks.size(1), in,
                           xdq.data(), in, rows, y.data_ptr<float>(), out};

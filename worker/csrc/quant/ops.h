@@ -43,6 +43,19 @@ void check_blocks(const at::Tensor& blocks, int64_t type, int64_t in);
 std::pair<at::Tensor, at::Tensor> lookup(const at::Tensor& ids, int64_t total, int64_t in,
                                          const at::TensorOptions& options);
 
+// From this many activation rows (a prefill's) the exact path dequantizes the layer into a
+// float32 scratch and multiplies with a float GEMM (`float_gemm`): oneDNN ran ~230 GFLOP/s on
+// a 2-core AMX Xeon where the tiles' unpacking holds them to ~145, and one dequantization
+// (~0.3 ms for 576 x 3072) is paid back from ~128 rows. The same products, summed in another order:
+// within the exact path's contract, as the tiles are. Decode steps keep the tiles.
+constexpr int64_t kGemmRows = 128;
+// The scratch holds at most this many floats (8 MiB): a larger layer is multiplied in slabs of
+// output columns, so a big model's prefill does not keep a whole float32 layer per thread.
+constexpr int64_t kScratchFloats = int64_t{1} << 21;
+
+// y = x2 @ wt (wt [in, n]) through oneDNN's matmul, else at::mm (rows16_ops.cpp).
+at::Tensor float_gemm(const at::Tensor& x2, const at::Tensor& wt);
+
 // xf's rows quantized per block (blocks.h, `Int8Acts`) into the calling thread's scratch.
 Int8Acts quantized(const at::Tensor& xf, int64_t rows, int64_t in, int64_t isa, bool vectors);
 

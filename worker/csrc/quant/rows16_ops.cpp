@@ -98,16 +98,6 @@ at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
-// From this many activation rows (a prefill's) the exact path dequantizes the layer into a
-// float32 scratch and multiplies with a float GEMM (`float_gemm`): oneDNN ran ~230 GFLOP/s on
-// a 2-core AMX Xeon where the tiles' unpacking holds them to ~145, and one dequantization
-// (~0.3 ms for 576 x 3072) is paid back from ~128 rows. The same products, summed in another order:
-// within the exact path's contract, as the tiles are. Decode steps keep the tiles.
-constexpr int64_t kGemmRows = 128;
-// The scratch holds at most this many floats (8 MiB): a larger layer is multiplied in slabs of
-// output columns, so a big model's prefill does not keep a whole float32 layer per thread.
-constexpr int64_t kScratchFloats = int64_t{1} << 21;
-
 // W^T of groups [g_begin, g_end) in float32 into wt (leading dimension ldw): each value
 // dequantized as the GGUF rows' dequantize does (one FMA rounding for Q4_1's d q + m).
 void dequantize_t_into(const at::Tensor& packed, int64_t type, int64_t in, int64_t g_begin,
@@ -129,30 +119,6 @@ at::Tensor dequantize_rows16_t(const at::Tensor& packed, int64_t type, int64_t i
   at::Tensor wt = at::empty({in, out}, packed.options().dtype(at::kFloat));
   dequantize_t_into(packed, type, in, 0, packed.size(0), wt.data_ptr<float>(), out);
   return wt;
-}
-
-// y = x @ wt (wt [in, n], a column slab's W^T) through oneDNN's matmul on the plain layout, as
-// `torch.ops.mkldnn._linear_pointwise` (called boxed: no private header), else through at::mm
-// (MKL). Why oneDNN: on a 2-core AMD EPYC (Zen 5) MKL's sgemm ran SmolLM2's layers at 576 rows
-// 2.2-2.4x slower (576 -> 3072: 9.9 against 4.5 ms), taking code paths below AVX-512 there.
-// If oneDNN ever refuses (a torch whose op takes other arguments), at::mm from then on.
-at::Tensor float_gemm(const at::Tensor& x2, const at::Tensor& wt) {
-  static const std::optional<c10::OperatorHandle> onednn =
-      at::hasMKLDNN() ? c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""})
-                      : std::nullopt;
-  static std::atomic<bool> refused{false};
-  if (!onednn || refused.load(std::memory_order_relaxed)) return at::mm(x2, wt);
-  torch::jit::Stack stack{x2, wt.t(), c10::IValue(), std::string("none"),
-                          c10::List<std::optional<at::Scalar>>(), c10::IValue()};
-  try {
-    onednn->callBoxed(stack);
-  } catch (const c10::Error& err) {
-    TORCH_WARN_ONCE("kvledger_quant: oneDNN's linear refused the prefill GEMM (", err.what_without_backtrace(),
-                    "); using at::mm");
-    refused.store(true, std::memory_order_relaxed);
-    return at::mm(x2, wt);
-  }
-  return stack[0].toTensor();
 }
 
 // xf [rows, in] @ W^T [rows, out] through the float GEMM, a slab of output columns at a time
@@ -223,6 +189,30 @@ at::Tensor dequantize_rows16(const at::Tensor& packed, int64_t type, int64_t in,
 }
 
 }  // namespace
+
+// y = x @ wt (wt [in, n], a column slab's W^T) through oneDNN's matmul on the plain layout, as
+// `torch.ops.mkldnn._linear_pointwise` (called boxed: no private header), else through at::mm
+// (MKL). Why oneDNN: on a 2-core AMD EPYC (Zen 5) MKL's sgemm ran SmolLM2's layers at 576 rows
+// 2.2-2.4x slower (576 -> 3072: 9.9 against 4.5 ms), taking code paths below AVX-512 there.
+// If oneDNN ever refuses (a torch whose op takes other arguments), at::mm from then on.
+at::Tensor float_gemm(const at::Tensor& x2, const at::Tensor& wt) {
+  static const std::optional<c10::OperatorHandle> onednn =
+      at::hasMKLDNN() ? c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""})
+                      : std::nullopt;
+  static std::atomic<bool> refused{false};
+  if (!onednn || refused.load(std::memory_order_relaxed)) return at::mm(x2, wt);
+  torch::jit::Stack stack{x2, wt.t(), c10::IValue(), std::string("none"),
+                          c10::List<std::optional<at::Scalar>>(), c10::IValue()};
+  try {
+    onednn->callBoxed(stack);
+  } catch (const c10::Error& err) {
+    TORCH_WARN_ONCE("kvledger_quant: oneDNN's linear refused the prefill GEMM (", err.what_without_backtrace(),
+                    "); using at::mm");
+    refused.store(true, std::memory_order_relaxed);
+    return at::mm(x2, wt);
+  }
+  return stack[0].toTensor();
+}
 
 // Whether this CPU runs the VNNI kernel on Q8_0 tiles (rows16_vnni_q8.cpp): VBMI as well.
 bool q8_vnni_runs() {
