@@ -114,12 +114,14 @@ class WorkerSettings(
     )
     quantization: str = option(
         "auto",
-        "a GGUF file's Q8_0/Q4_0/Q4_1 weights: gguf keeps their blocks in memory and multiplies "
+        "a GGUF file's quantized weights (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K): gguf keeps "
+        "their blocks in memory and multiplies "
         "with compiled CPU kernels (logits within 1e-3 of the dequantized model, ~1/4-1/7 of "
         "the float32 memory; CPU and -tp 1 only); gguf-int8 as gguf, with the activations "
         "quantized to int8 per block of 32 as llama.cpp does (integer dot products, AVX-512 "
         "VNNI where the CPU has it: faster at one row; Q8_0 weights on AVX-512 take the float "
-        "kernel on the int8-rounded activations; logits within 5e-2 x the largest logit "
+        "kernel on the int8-rounded activations, Q5_0/Q5_1 keep float activations; logits "
+        "within 5e-2 x the largest logit "
         "of the dequantized model instead of 1e-3); none dequantizes every weight to --dtype; "
         "auto (the default): gguf where it can run, else none",
         choices=QUANTIZATIONS,

@@ -145,6 +145,18 @@ class Linear(Module):
         return self.cpu_matmul(x, self.bias)
 
 
+def shard_slices(shard_sizes: dict[str, int], out_features: int) -> dict[str, slice]:
+    """Each shard's rows, consecutive in the order given; they must cover `out_features`."""
+    shards: dict[str, slice] = {}
+    start = 0
+    for name, size in shard_sizes.items():
+        shards[name] = slice(start, start + size)
+        start += size
+    if start != out_features:
+        raise ValueError(f"shards {shard_sizes} do not cover {out_features} rows")
+    return shards
+
+
 class PackedLinear(Linear):
     """Several projections of the same input in one matmul (q/k/v, gate/up).
 
@@ -154,11 +166,7 @@ class PackedLinear(Linear):
     def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool = False) -> None:
         super().__init__(in_features, sum(shard_sizes.values()), bias)
         self.shard_sizes = dict(shard_sizes)
-        self.shards: dict[str, slice] = {}
-        start = 0
-        for name, size in shard_sizes.items():
-            self.shards[name] = slice(start, start + size)
-            start += size
+        self.shards = shard_slices(shard_sizes, sum(shard_sizes.values()))
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return y.split(list(self.shard_sizes.values()), dim=-1)

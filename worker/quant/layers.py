@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from worker.layers.linear import shard_slices
 from worker.layers.module import Module
 from worker.quant import kernels
 from worker.quant.formats import INT8_TYPES, format_of
@@ -62,7 +63,7 @@ def _check_blocks(blocks: torch.Tensor, ggml_type: int, in_features: int) -> Non
 
 
 class QuantizedLinear(Module):
-    """y = x @ W.T (+ bias) with W kept as `ggml_type` blocks (Q8_0, Q4_0 or Q4_1).
+    """y = x @ W.T (+ bias) with W kept as `ggml_type` blocks (a type of `formats.FORMATS`).
 
     `shard_sizes` (optional) names consecutive row ranges, as `PackedLinear`'s (q/k/v,
     gate/up), for `split`. `isa` forces a kernel path (`kernels.ISAS`); by default the
@@ -96,7 +97,7 @@ class QuantizedLinear(Module):
             self.shard_sizes = dict(shard_sizes)
             self.shards = shard_slices(shard_sizes, self.out_features)
         self.isa = kernels.ISAS[isa] if isa is not None else kernels.isa_from_env()
-        # the int8 kernels read Q8_0/Q4_0/Q4_1 only: any other type multiplies float activations
+        # the int8 kernels read `INT8_TYPES`: any other type (Q5_0/Q5_1) multiplies float ones
         self.activations = activations if self.ggml_type in INT8_TYPES else "float"
         activations = self.activations
         self.op = ACTIVATIONS[activations]()
@@ -142,18 +143,6 @@ class QuantizedLinear(Module):
             f"bias={self.bias is not None}, activations={self.activations}"
             + (", rows16" if self.rows16 else "")
         )
-
-
-def shard_slices(shard_sizes: dict[str, int], out_features: int) -> dict[str, slice]:
-    """Each shard's rows, consecutive in the order given; they must cover `out_features`."""
-    shards: dict[str, slice] = {}
-    start = 0
-    for name, size in shard_sizes.items():
-        shards[name] = slice(start, start + size)
-        start += size
-    if start != out_features:
-        raise ValueError(f"shards {shard_sizes} do not cover {out_features} rows")
-    return shards
 
 
 class StackedQuantizedLinear(Module):

@@ -4,9 +4,9 @@
   Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K keep the file's blocks and run the compiled
   kernels (`keep.py`); refused where they cannot run (not CPU, a tensor-parallel group, no
   compiler), naming why.
-- `gguf-int8`: as `gguf`, and the Q8_0/Q4_0/Q4_1 linear layers quantize their activations to
-  int8 per block of 32 (`QuantizedLinear`'s `activations`): integer dot products, faster, not
-  exact. Layers of the other types multiply float activations.
+- `gguf-int8`: as `gguf`, and the Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K linear layers quantize their
+  activations to int8 per block of 32 (`QuantizedLinear`'s `activations`): integer dot
+  products, faster, not exact. Q5_0/Q5_1 layers multiply float activations.
 - `none`: every tensor is dequantized to --dtype at load time (the float path).
 - `auto` (the default): `gguf` for a GGUF file where it can run, else `none` with a warning.
 
