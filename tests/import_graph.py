@@ -103,3 +103,45 @@ def violations(root: Path, rules: list[Rule]) -> list[str]:
                     where = f"{path.relative_to(root)}:{imp.line}"
                     found.append(f"{where} imports {imp.target}: {rule.why}")
     return found
+
+
+def graph_of(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module -> the repository modules it imports (lazy imports included), within `packages`."""
+    graph: dict[str, set[str]] = {}
+    for package in packages:
+        for path in python_files(root, package):
+            graph[module_name(root, path)] = {i.target for i in imports_of(root, path)}
+    return {
+        name: {t for t in targets if t in graph and t != name} for name, targets in graph.items()
+    }
+
+
+def cycles(root: Path, packages: tuple[str, ...]) -> list[list[str]]:
+    """Each set of modules that import one another in a circle (a strongly connected
+    component of more than one module), sorted: an import inside a function hides a circle
+    from Python's import machinery, not from the design."""
+    graph = graph_of(root, packages)
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        order[name] = low[name] = len(order)
+        stack.append(name)
+        for target in sorted(graph[name]):
+            if target not in order:
+                visit(target)
+                low[name] = min(low[name], low[target])
+            elif target in stack:
+                low[name] = min(low[name], order[target])
+        if low[name] == order[name]:
+            component = stack[stack.index(name) :]
+            del stack[stack.index(name) :]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for name in sorted(graph):
+        if name not in order:
+            visit(name)
+    return sorted(found)

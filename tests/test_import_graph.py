@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.import_graph import Rule, imports_of, violations
+from tests.import_graph import Rule, cycles, imports_of, violations
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICES = ("server", "scheduler_svc", "worker")
+PACKAGES = ("kvledger", *SERVICES, "benchmarks", "deploy")
 
 RULES = [
     Rule(
@@ -98,3 +99,24 @@ def test_relative_imports_resolve_to_the_module_they_name(tmp_path):
         "pkg/__init__.py": ["pkg.sub"],
         "pkg/sub/__init__.py": ["pkg.other", "pkg.sub.leaf"],
     }
+
+
+def test_no_modules_import_one_another_in_a_circle():
+    """A circle means two modules are one idea split in two, or that what both need belongs
+    in a leaf below them; imports inside functions count (they only hide the circle)."""
+    assert cycles(REPO, PACKAGES) == []
+
+
+def test_a_planted_circle_is_found_even_through_a_lazy_import(tmp_path):
+    _plant(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from pkg.b import x\n",
+            "pkg/b.py": "def f():\n    from pkg import c\n",
+            "pkg/c.py": "import pkg.a\n",
+            "pkg/leaf.py": "",
+            "pkg/d.py": "from pkg import leaf\n",
+        },
+    )
+    assert cycles(tmp_path, ("pkg",)) == [["pkg.a", "pkg.b", "pkg.c"]]

@@ -11,7 +11,7 @@ import torch
 
 from worker.gguf.checkpoint import GGUFCheckpoint, open_checkpoint
 from worker.gguf.tensors import GGUFTensor
-from worker.models.loader import StoredTensor
+from worker.models.stored import StoredTensor
 
 
 def gguf_tensors(path: Path) -> list[StoredTensor]:

@@ -35,13 +35,9 @@ take: the caller computes the full logits instead (`None`).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-
-if TYPE_CHECKING:
-    from worker.layers.int8_screen import Int8ScreenedArgmax
 
 log = logging.getLogger(__name__)
 
@@ -156,27 +152,3 @@ def first_largest(exact: torch.Tensor, groups: torch.Tensor, vocab_size: int) ->
     if not bool(torch.isfinite(scores.gather(1, best.unsqueeze(1))).all()):
         return None
     return cols[best].tolist()
-
-
-def screen_for(
-    head: object, vocab_size: int, wanted: bool
-) -> ScreenedArgmax | Int8ScreenedArgmax | None:
-    """The screen of a model's LM head (`model.lm_head` after `prepare_for_device`) when it is
-    wanted (--screened-greedy-head): a head that keeps float32 tiles (a small float32 model on
-    an AVX-512 CPU, one rank) gets the int8 screen of a Q8_0 copy where the CPU runs it (VNNI
-    with VBMI: half the bytes of the bfloat16 copy and a tighter bound), else this module's
-    bfloat16 screen; a Q8_0 head on tiles (the exact path's) gets the int8 screen of its own
-    tiles (worker/layers/int8_screen.py); else None (tensor-parallel heads, other types)."""
-    if not wanted or getattr(head, "group", None) is not None:
-        return None
-    from worker.layers.int8_screen import Int8ScreenedArgmax
-    from worker.layers.linear import TILE_MAX_ROWS
-
-    tiles = getattr(getattr(head, "cpu_matmul", None), "tiles", None)
-    if tiles is None:
-        return Int8ScreenedArgmax.for_head(head, vocab_size) if hasattr(head, "ggml_type") else None
-    if tiles.dtype == torch.float32:  # float32 tiles exist only where the kernels built
-        screen = Int8ScreenedArgmax.for_float_head(tiles, tiles.shape[1], vocab_size)
-        if screen is not None:
-            return screen
-    return ScreenedArgmax.for_head(tiles, vocab_size, TILE_MAX_ROWS)

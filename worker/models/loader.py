@@ -12,9 +12,7 @@ with safetensors' `get_slice`, so no rank materializes the whole tensor.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from torch import nn
 from tqdm import tqdm
 
 from kvledger.gguf_file import is_gguf
+from worker.models.stored import StoredTensor
 
 # Buffers some checkpoints carry that the model recomputes.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -47,15 +46,6 @@ def weight_files(model_dir: Path) -> list[Path]:
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
     return files
-
-
-@dataclass(frozen=True)
-class StoredTensor:
-    """One checkpoint tensor, read on demand: `read(None)` is all of it, `read(source)` the
-    slice a tensor-parallel rank takes (`Piece.source`)."""
-
-    name: str
-    read: Callable[[Any], torch.Tensor]
 
 
 def checkpoint_tensors(model_path: Path) -> list[StoredTensor]:

@@ -20,7 +20,7 @@ from worker.attention.base import AttentionBackend
 from worker.attention.dense import dense_plan, seq_positions
 from worker.attention.flash_attn_backend import FlashAttention
 from worker.config import EncoderConfig, ModelConfig
-from worker.layers.greedy_head import screen_for
+from worker.layers.head_screens import screen_for
 from worker.layers.linear import prepare_for_device
 from worker.models import build_model
 from worker.models.loader import load_weights
