@@ -103,8 +103,8 @@ def main() -> None:
     ap.add_argument("--streamed", action="store_true", help="weights read from memory each call")
     ap.add_argument("--shapes", default="", help="comma-separated names (default: all)")
     args = ap.parse_args()
-    module = kernels.load()
-    tiles = not isinstance(module, str) and bool(module.cpu_has(kernels.ISAS["avx512"]))
+    module = kernels.load().module
+    tiles = module is not None and bool(module.cpu_has(kernels.ISAS["avx512"]))
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {args.threads} threads, float32; median ms (max error)")

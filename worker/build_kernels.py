@@ -20,12 +20,13 @@ def main() -> int:
     for name, load in (("cpu ops", native.load), ("quant ops", kernels.load)):
         print(f"kvledger: {name} kernels: loading, or building (~1 min on two cores)", flush=True)
         start = time.monotonic()
-        module = load()
-        if isinstance(module, str):
-            print(f"kvledger: the {name} kernels could not be built: {module}", file=sys.stderr)
+        built = load()
+        if built.module is None:
+            why = built.reason
+            print(f"kvledger: the {name} kernels could not be built: {why}", file=sys.stderr)
             return 1
         took = time.monotonic() - start
-        print(f"kvledger: {name} kernels ready in {took:.0f} s ({module.__file__})")
+        print(f"kvledger: {name} kernels ready in {took:.0f} s ({built.module.__file__})")
     return 0
 
 

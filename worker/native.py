@@ -27,6 +27,7 @@ import logging
 import os
 import platform
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -47,7 +48,28 @@ HEADERS = [
     )
 ]
 _lock = threading.Lock()
-_loaded: dict[str, ModuleType | str] = {}
+
+
+@dataclass(frozen=True)
+class Built:
+    """A compiled extension, or the one-line reason there is none: a caller that can run
+    without it falls back to torch on `reason`; one that cannot calls `require`."""
+
+    module: ModuleType | None
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.module is not None
+
+    def require(self, purpose: str) -> ModuleType:
+        """The module, or a RuntimeError saying what needed it and why there is none."""
+        if self.module is None:
+            raise RuntimeError(f"{purpose} need the compiled kernels: {self.reason}")
+        return self.module
+
+
+_loaded: dict[str, Built] = {}
 
 
 def _cpu_flags() -> str:
@@ -86,8 +108,8 @@ def _build_dir(name: str | None = None) -> Path:
     return path
 
 
-def load() -> ModuleType | str:
-    """The compiled module, or a one-line reason it could not be built (cached either way)."""
+def load() -> Built:
+    """The compiled module, or the reason it could not be built (cached either way)."""
     with _lock:
         if "module" not in _loaded:
             _loaded["module"] = _build()
@@ -110,19 +132,19 @@ def _prebuilt(name: str) -> ModuleType | None:
     return module
 
 
-def _build() -> ModuleType | str:
+def _build() -> Built:
     return build_extension(build_name(), SOURCES, list(FLAGS))
 
 
-def build_extension(name: str, sources: list[Path], flags: list[str]) -> ModuleType | str:
-    """Builds (once, under a lock) and loads the extension `name` from `sources`, or returns
-    a one-line reason it could not be built. OpenMP is added where torch has it. A build of
+def build_extension(name: str, sources: list[Path], flags: list[str]) -> Built:
+    """Builds (once, under a lock) and loads the extension `name` from `sources`, or says in
+    one line why it could not be built. OpenMP is added where torch has it. A build of
     the same name found under KVLEDGER_PREBUILT_KERNELS (an image's) is loaded instead."""
     from torch.utils import cpp_extension
 
     prebuilt = _prebuilt(name)
     if prebuilt is not None:
-        return prebuilt
+        return Built(prebuilt)
 
     flags = list(flags)
     if torch.backends.openmp.is_available():
@@ -137,13 +159,15 @@ def build_extension(name: str, sources: list[Path], flags: list[str]) -> ModuleT
         with open(build_dir / "kvledger.flock", "w") as held:
             fcntl.flock(held, fcntl.LOCK_EX)
             (build_dir / "lock").unlink(missing_ok=True)
-            return cpp_extension.load(
+            module = cpp_extension.load(
                 name=name,
                 sources=[str(path) for path in sources],
                 extra_cflags=flags,
                 build_directory=str(build_dir),
                 verbose=False,
             )
+            return Built(module)
     except Exception as err:  # noqa: BLE001 - any build failure means: use torch instead
         reason = str(err).strip().splitlines()
-        return f"the compiled CPU kernels did not build: {reason[-1] if reason else err}"
+        why = reason[-1] if reason else err
+        return Built(None, f"the compiled CPU kernels did not build: {why}")

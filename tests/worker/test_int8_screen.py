@@ -26,8 +26,8 @@ Q8_0 = GGMLQuantizationType.Q8_0
 
 @pytest.fixture
 def screens(kv_cache_dir) -> None:  # noqa: ANN001 - the private cache the build goes to
-    built = kernels.load()
-    if isinstance(built, str) or not built.q8_vnni_runs():
+    built = kernels.load().module
+    if built is None or not built.q8_vnni_runs():
         pytest.skip("the int8 screen needs AVX-512 VNNI with VBMI")
 
 

@@ -25,8 +25,7 @@ ROWS = [1, 3, 16, 64, 130]  # from 128 rows (a prefill) the weight is dequantize
 
 @pytest.fixture(scope="module")
 def module(kv_cache_dir):  # noqa: ANN001 - the private cache the build goes to
-    built = kernels.load()
-    assert not isinstance(built, str), built  # this machine has a compiler: it must build
+    built = kernels.load().require("the tests")  # the test machines build it
     return built
 
 

@@ -31,8 +31,7 @@ ops = torch.ops.kvledger_quant
 
 @pytest.fixture(scope="module")
 def module(kv_cache_dir):  # noqa: ANN001 - the private cache the build goes to
-    built = kernels.load()
-    assert not isinstance(built, str), built
+    built = kernels.load().require("the tests")  # the test machines build it
     return built
 
 

@@ -54,12 +54,13 @@ def get_backend(
 def _cpu_backend(device: torch.device, strict: bool) -> AttentionBackend:
     """The compiled CPU kernel; where it cannot run, an error (`cpu` asked by name) or the
     torch reference with a warning (`auto`)."""
-    problem = "it runs on CPU only" if device.type != "cpu" else None
-    kernel = None if problem else native.load()
-    if isinstance(kernel, str):
-        problem = kernel
-    if problem is None:
-        return CpuPagedAttention(kernel.paged_decode_shared, write=kernel.write_kv)
+    problem = "it runs on CPU only"
+    if device.type == "cpu":
+        built = native.load()
+        if built.module is not None:
+            kernel = built.module
+            return CpuPagedAttention(kernel.paged_decode_shared, write=kernel.write_kv)
+        problem = built.reason
     if strict:
         raise ValueError(f"attention backend cpu: {problem}")
     log.warning("attention backend auto: %s; using torch", problem)

@@ -55,7 +55,7 @@ def screen_runs() -> bool:
     """Whether the screen's kernel runs here: the quantized kernels built, and AVX512-BF16."""
     from worker.quant import kernels  # the extension builds on first use, not at import
 
-    return not isinstance(kernels.load(), str) and bool(torch.ops.kvledger_quant.screen_bf16_runs())
+    return kernels.load().ok and bool(torch.ops.kvledger_quant.screen_bf16_runs())
 
 
 def bf16_tiles(tiles: torch.Tensor) -> torch.Tensor:

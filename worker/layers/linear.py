@@ -59,8 +59,8 @@ def tiles_run() -> bool:
 
     if kernels.isa_from_env() not in (kernels.ISAS["auto"], kernels.ISAS["avx512"]):
         return False
-    module = kernels.load()
-    return not isinstance(module, str) and bool(module.cpu_has(kernels.ISAS["avx512"]))
+    module = kernels.load().module
+    return module is not None and bool(module.cpu_has(kernels.ISAS["avx512"]))
 
 
 class CpuMatmul:

@@ -58,7 +58,7 @@ HEADERS = [
 ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
 ISA_ENV = "KVLEDGER_QUANT_ISA"
 _lock = threading.Lock()
-_loaded: dict[str, ModuleType | str] = {}
+_loaded: dict[str, native.Built] = {}
 
 
 FLAGS = ("-O3", "-ffast-math", "-fno-finite-math-only")
@@ -74,23 +74,20 @@ def build_name(flags: tuple[str, ...] = FLAGS) -> str:
     return f"kvledger_quant_ops_{digest.hexdigest()[:12]}"
 
 
-def load() -> ModuleType | str:
+def load() -> native.Built:
     """The compiled module (its operators registered), or why it could not be built."""
     with _lock:
         if "module" not in _loaded:
-            module = native.build_extension(build_name(), SOURCES, list(FLAGS))
-            if not isinstance(module, str):
+            built = native.build_extension(build_name(), SOURCES, list(FLAGS))
+            if built.ok:
                 _register_fakes()
-            _loaded["module"] = module
+            _loaded["module"] = built
         return _loaded["module"]
 
 
 def require() -> ModuleType:
     """The module, or a RuntimeError saying why there is none (quantized weights need it)."""
-    module = load()
-    if isinstance(module, str):
-        raise RuntimeError(f"quantized weights need the compiled kernels: {module}")
-    return module
+    return load().require("quantized weights")
 
 
 # Q4_0, Q4_1, Q8_0 (worker/csrc/quant/rows16.h; with int8 activations Q8_0 tiles need

@@ -59,7 +59,7 @@ def _why_not(device: str, tp_size: int) -> str | None:
     from worker.quant import kernels
 
     built = kernels.load()
-    return built if isinstance(built, str) else None
+    return None if built.ok else built.reason
 
 
 def _has_blocks(model_path: Path) -> bool:

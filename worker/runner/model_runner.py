@@ -281,11 +281,10 @@ def _native_ops(wanted: bool, device: torch.device) -> ModuleType | None:
     (--no-fused-cpu-ops), or when they do not build here (the torch ops then run, saying so)."""
     if not wanted or device.type != "cpu":
         return None
-    ops = native.load()
-    if isinstance(ops, str):
-        log.warning("fused CPU ops: %s; using torch ops", ops)
-        return None
-    return ops
+    built = native.load()
+    if not built.ok:
+        log.warning("fused CPU ops: %s; using torch ops", built.reason)
+    return built.module
 
 
 def _with_prompt(sample: Sample | None, scored: Sample) -> Sample:
