@@ -42,6 +42,7 @@ import torch
 from kvledger.models import ensure_tiny_llama, smollm2_path
 from worker.attention.cpu_backend import CpuPagedAttention
 from worker.runner.batch import SeqChunk, prepare_batch
+from worker.runner.config import RunnerConfig
 from worker.runner.model_runner import ModelRunner
 
 
@@ -163,13 +164,15 @@ def main() -> None:
     if not 0 <= args.shared_prefix <= args.context_len or args.batch < 1:
         parser.error("--shared-prefix must be within --context-len, and --batch at least 1")
     runner = ModelRunner(
-        model_path(args.model),
-        block_size=16,
-        num_blocks=blocks_needed(args.batch, args.context_len, args.shared_prefix, 16) + 1,
-        attention_backend="auto",
-        progress=False,
-        quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype,
+        RunnerConfig(
+            model_path(args.model),
+            block_size=16,
+            num_blocks=blocks_needed(args.batch, args.context_len, args.shared_prefix, 16) + 1,
+            attention_backend="auto",
+            progress=False,
+            quantization=args.quantization,
+            kv_cache_dtype=args.kv_cache_dtype,
+        )
     )
     if args.threads:
         torch.set_num_threads(args.threads)

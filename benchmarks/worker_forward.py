@@ -42,8 +42,9 @@ import transformers.utils.logging
 from transformers import AutoModelForCausalLM
 
 from kvledger.models import ensure_tiny_llama
-from worker.runner.model_runner import DTYPES as TORCH_DTYPES
+from worker.runner.config import RunnerConfig
 from worker.runner.model_runner import ModelRunner
+from worker.runner.setup import DTYPES as TORCH_DTYPES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.forward_steps import (  # noqa: E402
@@ -80,14 +81,16 @@ def run(args: argparse.Namespace) -> tuple[list[Row], str]:
     attn = ""
     for dtype in args.dtypes:
         runner = ModelRunner(
-            model_dir,
-            block_size=args.block_size,
-            num_blocks=num_blocks,
-            dtype=dtype,
-            device=args.device,
-            progress=False,
-            attention_backend=args.attention_backend,
-            cuda_graph_max_batch=args.cuda_graph_max_batch,
+            RunnerConfig(
+                model_dir,
+                block_size=args.block_size,
+                num_blocks=num_blocks,
+                dtype=dtype,
+                device=args.device,
+                progress=False,
+                attention_backend=args.attention_backend,
+                cuda_graph_max_batch=args.cuda_graph_max_batch,
+            )
         )
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=TORCH_DTYPES[dtype])
         hf = hf.to(args.device).eval()

@@ -89,18 +89,21 @@ def main() -> None:
     from kvledger.config.worker import CPU_KV_CACHE_BYTES
     from kvledger.models import ensure_tiny_llama, smollm2_path
     from worker.runner.batch import SeqChunk
+    from worker.runner.config import RunnerConfig
     from worker.runner.model_runner import ModelRunner
 
     stage("import worker")
     path = {"smollm2": smollm2_path, "tiny-llama": ensure_tiny_llama}.get(args.model)
     model_path = path() if path else Path(args.model)
     runner = ModelRunner(
-        model_path,
-        block_size=16,
-        kv_cache_memory_bytes=args.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES,
-        progress=False,
-        quantization=args.quantization,
-        attention_backend="auto",
+        RunnerConfig(
+            model_path,
+            block_size=16,
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES,
+            progress=False,
+            quantization=args.quantization,
+            attention_backend="auto",
+        )
     )
     gc.collect()
     stage("model runner built")

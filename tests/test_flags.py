@@ -242,7 +242,7 @@ def test_a_field_that_is_no_option_is_refused():
 def test_choices_come_from_where_the_names_live():
     from scheduler_svc.core.config import POLICIES
     from worker.attention import BACKENDS
-    from worker.runner.model_runner import DTYPES
+    from worker.runner.setup import DTYPES
 
     by_name = {f.name: f for f in FLAGS}
     assert by_name["--scheduling-policy"].choices == POLICIES

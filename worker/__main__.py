@@ -2,33 +2,30 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import prometheus_client
 
-from kvledger.config.worker import CPU_KV_CACHE_BYTES, WorkerSettings
+from kvledger.config.worker import WorkerSettings
 from kvledger.flags import WORKER, config_for, parse
-from kvledger.groups import GrammarLimits
 from kvledger.log import setup_logging
 from kvledger.metrics_http import start_metrics_server
 from kvledger.models import resolve_model
 from kvledger.shutdown import Stopper
 from kvledger.tls import checked
 from protos import frontend_pb2, worker_pb2
-from worker.device_defaults import choose
 from worker.executor import Executor
 from worker.link.client import WorkerLinkClient
 from worker.metrics import WorkerMetrics
-from worker.parallel.distributed import GroupLost, rank_device
+from worker.parallel.distributed import GroupLost
 from worker.parallel.tp_spawn import RankGroup, exit_now
 from worker.runner.base import load_runner
+from worker.runner.config import runner_config
 
 log = logging.getLogger("worker")
 
@@ -43,13 +40,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     stopper = Stopper("worker", settings.shutdown_timeout).install()
     name = settings.served_model_name or settings.model
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
-    kwargs = runner_kwargs(settings)
     group: RankGroup | None = None
     try:
         model_path = resolve_model(settings.model)
+        config = runner_config(settings, model_path)
         if settings.tensor_parallel_size > 1:
-            group = RankGroup.start(settings, model_path, kwargs)
-        runner = load_runner(model_path, tp=group.tp if group else None, **kwargs)
+            group = RankGroup.start(settings, config)
+        runner = load_runner(config, group.tp if group else None)
     except GroupLost as err:
         exit_now(f"the tensor-parallel group broke while loading: {err}")
     except MODEL_ERRORS as err:
@@ -123,50 +120,6 @@ def tokenizer_path(directory: str | None) -> str:
     if not (path / "tokenizer.json").is_file():
         exit_now(f"--tokenizer {directory}: no tokenizer.json in that directory", logger=log)
     return str(path)
-
-
-def runner_kwargs(settings: WorkerSettings) -> dict[str, Any]:
-    """`load_runner`'s arguments from the flags (every rank of a group takes the same)."""
-    kv_bytes = settings.kv_cache_memory_bytes
-    if kv_bytes is None and not settings.device.startswith("cuda"):
-        kv_bytes = CPU_KV_CACHE_BYTES
-    chosen = choose(
-        settings.device, settings.dtype, settings.block_size, settings.attention_backend
-    )
-    if chosen.reason:
-        log.info(
-            "on %s: %s, KV blocks of %d tokens, attention %s expected (%s)",
-            settings.device,
-            chosen.dtype,
-            chosen.block_size,
-            chosen.attention,
-            chosen.reason,
-        )
-    return dict(
-        block_size=chosen.block_size,
-        num_blocks=settings.num_kv_blocks,
-        kv_cache_memory_bytes=kv_bytes,
-        gpu_memory_utilization=settings.gpu_memory_utilization,
-        dtype=chosen.dtype,
-        kv_cache_dtype=settings.kv_cache_dtype,
-        # a group's rank 0 takes the first of its GPUs; a single worker --device as given
-        device=rank_device(settings.device, 0)
-        if settings.tensor_parallel_size > 1
-        else settings.device,
-        max_model_len=settings.max_model_len,
-        seed=settings.seed,
-        attention_backend=settings.attention_backend,
-        fused_cpu_ops=settings.fused_cpu_ops,
-        screened_greedy_head=settings.screened_greedy_head,
-        quantization=settings.quantization,
-        cuda_graph_max_batch=settings.cuda_graph_max_batch if settings.cuda_graphs else 0,
-        progress=settings.log_format == "text",  # a progress bar is no JSON line
-        tokenizer=settings.tokenizer,  # structured outputs' grammars read it (None: the model's)
-        # what a grammar may cost, the frontend's bounds (--max-structured-depth, ...)
-        grammar_limits=GrammarLimits(
-            **{f.name: getattr(settings, f.name) for f in dataclasses.fields(GrammarLimits)}
-        ),
-    )
 
 
 if __name__ == "__main__":

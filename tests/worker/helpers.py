@@ -12,6 +12,7 @@ from worker.attention.base import AttentionBackend
 from worker.executor import Executor
 from worker.link.wire import plan_from_wire, result_to_wire
 from worker.runner.batch import SeqChunk
+from worker.runner.config import RunnerConfig
 from worker.runner.model_runner import ModelRunner
 
 SMALL = dict(
@@ -96,7 +97,9 @@ def save_hf_model(out: Path, kind: str, overrides: dict[str, Any], seed: int = 0
 
 
 def make_runner(path: Path, num_blocks: int = 64, block_size: int = 16, **kw: Any) -> ModelRunner:
-    return ModelRunner(path, block_size=block_size, num_blocks=num_blocks, progress=False, **kw)
+    """A runner of `path` with a fixed pool; `kw` are RunnerConfig's fields."""
+    config = RunnerConfig(path, block_size=block_size, num_blocks=num_blocks, progress=False, **kw)
+    return ModelRunner(config)
 
 
 def wire_step(ex: Executor, plan: worker_pb2.Plan) -> worker_pb2.StepResult:

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.worker.helpers import random_tokens
 from worker.runner.base import load_runner
+from worker.runner.config import RunnerConfig
 from worker.runner.embedding_runner import EmbeddingRunner
 from worker.runner.pooling import EmbedItem
 
@@ -51,7 +52,7 @@ def hf_cls_vectors(path: Path) -> torch.Tensor:
 
 
 def embed(path: Path) -> torch.Tensor:
-    runner = load_runner(path, block_size=16, progress=False)
+    runner = load_runner(RunnerConfig(path, progress=False))
     assert isinstance(runner, EmbeddingRunner)  # CLS pooling: no sentence-transformers config
     items = [EmbedItem(str(i), p, normalize=False) for i, p in enumerate(PROMPTS)]
     return torch.tensor(runner.embed(items))

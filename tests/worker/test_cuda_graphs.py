@@ -11,6 +11,7 @@ the scratch block.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,13 +128,13 @@ def test_explicit_backends_keep_their_block_sizes() -> None:
 
 def test_worker_flags_leave_dtype_and_block_size_to_the_device() -> None:
     from kvledger.flags import WORKER, config_for, parse
-    from worker.__main__ import runner_kwargs
+    from worker.runner.config import runner_config
 
-    cpu = runner_kwargs(config_for(WORKER, parse(WORKER, [], "")))
-    assert (cpu["dtype"], cpu["block_size"], cpu["cuda_graph_max_batch"]) == ("float32", 16, 64)
+    cpu = runner_config(config_for(WORKER, parse(WORKER, [], "")), Path("m"))
+    assert (cpu.dtype, cpu.block_size, cpu.cuda_graph_max_batch) == ("float32", 16, 64)
     argv = ["--device", "cuda", "--no-cuda-graphs", "--attention-backend", "torch"]
-    cuda = runner_kwargs(config_for(WORKER, parse(WORKER, argv, "")))
-    assert (cuda["dtype"], cuda["block_size"], cuda["cuda_graph_max_batch"]) == (
+    cuda = runner_config(config_for(WORKER, parse(WORKER, argv, "")), Path("m"))
+    assert (cuda.dtype, cuda.block_size, cuda.cuda_graph_max_batch) == (
         "bfloat16",
         16,
         0,

@@ -16,6 +16,7 @@ from tests.worker.helpers import random_tokens, wire_step
 from worker.config import UnsupportedModelError
 from worker.executor import Executor
 from worker.runner.base import load_runner
+from worker.runner.config import RunnerConfig
 from worker.runner.embedding_runner import EmbeddingRunner
 from worker.runner.model_runner import ModelRunner
 from worker.runner.pooling import EmbedItem, PoolingConfig, pool
@@ -34,7 +35,7 @@ MIN_COSINE = 0.9999
 
 @pytest.fixture(scope="module")
 def minilm() -> EmbeddingRunner:
-    runner = load_runner(embedding_model_path(), block_size=16, progress=False)
+    runner = load_runner(RunnerConfig(embedding_model_path(), progress=False))
     assert isinstance(runner, EmbeddingRunner)
     return runner
 
@@ -179,7 +180,7 @@ def test_decoder_embeds_with_last_token_pooling(hf_checkpoint, name: str) -> Non
     from transformers import AutoModel
 
     path = hf_checkpoint(name)
-    runner = load_runner(path, block_size=16, num_blocks=8, progress=False)
+    runner = load_runner(RunnerConfig(path, num_blocks=8, progress=False))
     assert isinstance(runner, ModelRunner)
     assert runner.kind == "generate" and runner.pooling == PoolingConfig("last", True)
     prompts = [random_tokens(n, 256, seed=n) for n in (5, 30, 17)]  # 30 > mistral's window 12

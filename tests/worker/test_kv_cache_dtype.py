@@ -12,6 +12,7 @@ the worker cannot serve stops it at start.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -179,14 +180,15 @@ def test_the_flag_reaches_the_runner_and_a_pair_it_cannot_serve_stops_startup(
     hf_checkpoint,
 ) -> None:
     from kvledger.flags import WORKER, config_for, parse
-    from worker.__main__ import runner_kwargs
     from worker.runner.base import load_runner
+    from worker.runner.config import runner_config
 
-    default = runner_kwargs(config_for(WORKER, parse(WORKER, [], "")))
-    assert default["kv_cache_dtype"] == "auto"
+    path = hf_checkpoint("llama")
+    default = runner_config(config_for(WORKER, parse(WORKER, [], "")), path)
+    assert default.kv_cache_dtype == "auto"
     argv = ["--kv-cache-dtype", "bfloat16", "--num-kv-blocks", "8"]
-    kwargs = runner_kwargs(config_for(WORKER, parse(WORKER, argv, "")))
-    runner = load_runner(hf_checkpoint("llama"), **{**kwargs, "progress": False})
+    config = runner_config(config_for(WORKER, parse(WORKER, argv, "")), path)
+    runner = load_runner(dataclasses.replace(config, progress=False))
     assert runner.kv_dtype == torch.bfloat16 and runner.kv_cache.k[0].dtype == torch.bfloat16
     with pytest.raises(ValueError, match="needs a float32 model on CPU"):
         make_runner(hf_checkpoint("llama"), dtype="bfloat16", kv_cache_dtype="float32")

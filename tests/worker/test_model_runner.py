@@ -9,6 +9,7 @@ import torch
 
 from tests.worker.helpers import logits_for, make_runner, random_tokens
 from worker.runner.batch import BatchLimits, SeqChunk, check_chunk
+from worker.runner.config import RunnerConfig
 from worker.runner.model_runner import ModelRunner
 from worker.sample.sampling_params import SamplingParams
 
@@ -19,18 +20,20 @@ def llama(hf_checkpoint) -> Path:
 
 
 def test_sizes_reported(llama: Path) -> None:
-    runner = ModelRunner(llama, block_size=16, kv_cache_memory_bytes=1 << 20, progress=False)
+    runner = ModelRunner(RunnerConfig(llama, kv_cache_memory_bytes=1 << 20, progress=False))
     per_block = 2 * 2 * 16 * 2 * 16 * 4  # K+V, layers, block, kv heads, head_dim, fp32
     assert runner.num_blocks == (1 << 20) // per_block
     assert (runner.block_size, runner.max_model_len, runner.vocab_size) == (16, 256, 256)
     assert runner.eos_token_ids == [2]
     fixed = ModelRunner(
-        llama,
-        block_size=8,
-        num_blocks=5,
-        kv_cache_memory_bytes=1 << 20,
-        max_model_len=100,
-        progress=False,
+        RunnerConfig(
+            llama,
+            block_size=8,
+            num_blocks=5,
+            kv_cache_memory_bytes=1 << 20,
+            max_model_len=100,
+            progress=False,
+        )
     )
     assert (fixed.num_blocks, fixed.max_model_len) == (5, 100)
 
@@ -113,7 +116,7 @@ def test_refusals_before_memory(llama: Path) -> None:
     with pytest.raises(ValueError, match="max_model_len"):
         make_runner(llama, max_model_len=100_000)
     with pytest.raises(ValueError, match="num_blocks or kv_cache_memory_bytes"):
-        ModelRunner(llama, block_size=16, progress=False)
+        ModelRunner(RunnerConfig(llama, progress=False))
 
 
 def test_bfloat16_runs_close_to_float32(llama: Path) -> None:

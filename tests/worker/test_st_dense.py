@@ -14,6 +14,7 @@ from torch import nn
 from kvledger.models import embedding_model_path
 from worker.config import UnsupportedModelError
 from worker.runner.base import load_runner
+from worker.runner.config import RunnerConfig
 from worker.runner.embedding_runner import EmbeddingRunner
 from worker.runner.pooling import DenseConfig, EmbedItem, PoolingConfig
 
@@ -103,7 +104,7 @@ def test_dense_matches_sentence_transformers(tiny_bert: Path, tmp_path: Path, ca
         .float()
     )
 
-    runner = load_runner(path, block_size=16, progress=False)
+    runner = load_runner(RunnerConfig(path, progress=False))
     assert isinstance(runner, EmbeddingRunner)
     assert runner.embedding_size == reference.shape[1] == runner.pooling.dense[-1].out_features
     assert runner.pooling.normalize is normalize
@@ -124,15 +125,15 @@ def test_dense_weights_in_pytorch_model_bin(tiny_bert: Path, tmp_path: Path) -> 
 
     path = st_pipeline(tiny_bert, tmp_path / "bin", [dense(HIDDEN, 16)], True)
     ids = [[101, 7592, 2088, 102]]
-    before = load_runner(path, block_size=16, progress=False).embed([EmbedItem("0", ids[0])])
+    before = load_runner(RunnerConfig(path, progress=False)).embed([EmbedItem("0", ids[0])])
     folder = path / "2_Dense"
     torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
     (folder / "model.safetensors").unlink()
-    after = load_runner(path, block_size=16, progress=False).embed([EmbedItem("0", ids[0])])
+    after = load_runner(RunnerConfig(path, progress=False)).embed([EmbedItem("0", ids[0])])
     assert after == before
     (folder / "pytorch_model.bin").unlink()
     with pytest.raises(FileNotFoundError, match="2_Dense"):
-        load_runner(path, block_size=16, progress=False)
+        load_runner(RunnerConfig(path, progress=False))
 
 
 def write_modules(path: Path, kinds: list[str], dense_config: dict | None = None) -> Path:

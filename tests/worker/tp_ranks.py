@@ -22,6 +22,7 @@ from worker.link.step import ContinueSeq, EmbedParams, NewSeq, StepOutput, StepP
 from worker.parallel import distributed, tp_group
 from worker.parallel.distributed import GroupLost, join_group
 from worker.parallel.tp_group import GroupExecutor, Message, follow
+from worker.runner.config import RunnerConfig
 from worker.runner.model_runner import ModelRunner
 from worker.sample.sampling_params import GREEDY, SamplingParams
 
@@ -140,9 +141,8 @@ def run_rank(
             tp_group.HEARTBEAT_SECONDS = 0.5
         tp = join_group(rank, size, port, "cpu")
         for job in jobs:
-            runner = ModelRunner(
-                job.path, block_size=BLOCK_SIZE, num_blocks=16, progress=False, tp=tp
-            )
+            config = RunnerConfig(job.path, block_size=BLOCK_SIZE, num_blocks=16, progress=False)
+            runner = ModelRunner(config, tp)
             if rank == 0:
                 outputs: Any = lead(GroupExecutor(runner, tp), job)
             else:

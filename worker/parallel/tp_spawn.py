@@ -46,6 +46,7 @@ from worker.parallel.distributed import (
 )
 from worker.parallel.tp_group import GroupExecutor, Message, follow
 from worker.runner.base import Runner
+from worker.runner.config import RunnerConfig
 from worker.runner.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -77,13 +78,11 @@ class RankGroup:
     group_executor: GroupExecutor | None = None
 
     @classmethod
-    def start(
-        cls, settings: WorkerSettings, model_path: Path, runner_kwargs: dict[str, Any]
-    ) -> RankGroup:
+    def start(cls, settings: WorkerSettings, config: RunnerConfig) -> RankGroup:
         size = settings.tensor_parallel_size
-        check_group(size, model_path)
+        check_group(size, config.model_path)
         store, port = start_group(size)
-        procs = spawn_ranks(settings, model_path, runner_kwargs, port)
+        procs = spawn_ranks(settings, config, port)
         group = cls(TPGroup(), procs, store)
         # An exit of rank 0 (a stop while loading: SystemExit) terminates the daemon ranks
         # at exit; registered after multiprocessing's handler, this runs first, so the
@@ -116,9 +115,7 @@ class RankGroup:
         )
 
 
-def spawn_ranks(
-    settings: WorkerSettings, model_path: Path, runner_kwargs: dict[str, Any], port: int
-) -> list[BaseProcess]:
+def spawn_ranks(settings: WorkerSettings, config: RunnerConfig, port: int) -> list[BaseProcess]:
     """Ranks 1..N-1, started; each joins the group through rank 0's store on `port`."""
     context = multiprocessing.get_context("spawn")
     # the other ranks never talk to the scheduler: they get no secret
@@ -127,7 +124,7 @@ def spawn_ranks(
     for rank in range(1, settings.tensor_parallel_size):
         proc = context.Process(
             target=rank_main,
-            args=(settings, model_path, runner_kwargs, rank, port, os.getpid()),
+            args=(settings, config, rank, port, os.getpid()),
             name=f"worker-rank{rank}",
             daemon=True,
         )
@@ -184,8 +181,7 @@ def _die_with_parent(parent: int) -> None:
 
 def rank_main(
     settings: WorkerSettings,
-    model_path: Path,
-    runner_kwargs: dict[str, Any],
+    config: RunnerConfig,
     rank: int,
     port: int,
     parent: int,
@@ -198,7 +194,7 @@ def rank_main(
     try:
         device = rank_device(settings.device, rank)
         tp = join_group(rank, settings.tensor_parallel_size, port, device)
-        runner = ModelRunner(model_path, tp=tp, **{**runner_kwargs, "device": device})
+        runner = ModelRunner(config.on(device), tp)
         log.info("rank %d of %d ready", rank, tp.size)
         follow(Executor(runner, defer_compiles=False), tp)  # as rank 0's GroupExecutor
     except GroupLost as err:

@@ -4,14 +4,13 @@ encoder embeds (`EmbeddingRunner`), a decoder generates (`ModelRunner`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Protocol
 
-from kvledger.groups import GrammarLimits
 from kvledger.structured import StructuredSpec
 from worker.config import is_encoder
 from worker.parallel.distributed import TPGroup
 from worker.runner.batch import BatchLimits, SeqChunk
+from worker.runner.config import RunnerConfig
 from worker.runner.embedding_runner import EmbeddingRunner
 from worker.runner.model_runner import ModelRunner
 from worker.runner.pooling import EmbedItem
@@ -50,61 +49,10 @@ class Runner(Protocol):
         ...
 
 
-def load_runner(
-    model_path: Path,
-    *,
-    block_size: int,
-    num_blocks: int | None = None,
-    kv_cache_memory_bytes: int | None = None,
-    gpu_memory_utilization: float = 0.9,
-    dtype: str = "float32",
-    kv_cache_dtype: str = "auto",
-    device: str = "cpu",
-    max_model_len: int | None = None,
-    seed: int = 0,
-    attention_backend: str = "torch",
-    fused_cpu_ops: bool = True,
-    screened_greedy_head: bool = True,
-    quantization: str = "auto",
-    cuda_graph_max_batch: int = 0,
-    progress: bool = True,
-    tp: TPGroup | None = None,
-    tokenizer: str | None = None,
-    grammar_limits: GrammarLimits | None = None,
-) -> ModelRunner | EmbeddingRunner:
-    """The worker's flags, whichever the model: an encoder keeps no KV cache and samples
-    nothing, so the KV sizing, the seed, the attention backend, the decoder's fused CPU ops
-    and the tokenizer (structured outputs' grammars) do not reach it."""
-    model_path = Path(model_path)
-    if is_encoder(model_path):
+def load_runner(config: RunnerConfig, tp: TPGroup | None = None) -> ModelRunner | EmbeddingRunner:
+    """The runner the model needs: an encoder embeds (single-rank only), a decoder generates."""
+    if is_encoder(config.model_path):
         if tp is not None and tp.size > 1:
             raise ValueError("embedding models are served by single-rank workers")
-        return EmbeddingRunner(
-            model_path,
-            block_size=block_size,
-            dtype=dtype,
-            device=device,
-            max_model_len=max_model_len,
-            progress=progress,
-        )
-    return ModelRunner(
-        model_path,
-        block_size=block_size,
-        num_blocks=num_blocks,
-        kv_cache_memory_bytes=kv_cache_memory_bytes,
-        gpu_memory_utilization=gpu_memory_utilization,
-        dtype=dtype,
-        kv_cache_dtype=kv_cache_dtype,
-        device=device,
-        max_model_len=max_model_len,
-        seed=seed,
-        attention_backend=attention_backend,
-        fused_cpu_ops=fused_cpu_ops,
-        screened_greedy_head=screened_greedy_head,
-        quantization=quantization,
-        cuda_graph_max_batch=cuda_graph_max_batch,
-        progress=progress,
-        tp=tp,
-        tokenizer=tokenizer,
-        grammar_limits=grammar_limits,
-    )
+        return EmbeddingRunner(config)
+    return ModelRunner(config, tp)

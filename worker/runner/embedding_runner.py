@@ -1,15 +1,13 @@
 """EmbeddingRunner: a BERT-family encoder, its pooling and any sentence-transformers Dense
 projections; no KV memory, no sampler.
 
-It takes only the arguments an encoder uses: nothing is cached (no KV sizing), nothing is
-sampled (no seed), and attention is dense (no paged backend). `worker.runner.base.load_runner`
-takes every worker flag and passes each runner its own.
+It reads only the settings an encoder uses (its constructor says which);
+`worker.runner.base.load_runner` chooses the runner a model needs.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 
@@ -19,7 +17,7 @@ from worker.layers.linear import prepare_for_device
 from worker.models import build_encoder
 from worker.models.loader import load_weights
 from worker.runner.batch import BatchLimits, SeqChunk
-from worker.runner.model_runner import default_threads, resolve_dtype
+from worker.runner.config import RunnerConfig
 from worker.runner.pooling import (
     EmbedItem,
     PoolingConfig,
@@ -28,6 +26,7 @@ from worker.runner.pooling import (
     load_dense_heads,
     pool,
 )
+from worker.runner.setup import context_length, default_threads, resolve_dtype
 from worker.sample.sampler import Sample
 
 log = logging.getLogger(__name__)
@@ -40,38 +39,32 @@ EMBED_ONLY = "this worker only computes embeddings"
 class EmbeddingRunner:
     kind = "embed"
 
-    def __init__(
-        self,
-        model_path: Path,
-        *,
-        block_size: int = 16,
-        dtype: str = "float32",
-        device: str = "cpu",
-        max_model_len: int | None = None,
-        progress: bool = True,
-    ) -> None:
+    def __init__(self, config: RunnerConfig) -> None:
+        """Of the runner's settings an encoder reads its model, block size, dtype, device,
+        context length and progress bar: nothing is cached (no KV sizing), nothing sampled
+        (no seed), attention is dense (no paged backend)."""
         default_threads()
-        self.config = cfg = EncoderConfig.from_dir(Path(model_path))
-        self.pooling = PoolingConfig.from_dir(Path(model_path), DEFAULT_POOLING, allow_dense=True)
-        self.dtype = resolve_dtype(dtype, cfg)
-        self.device = torch.device(device)
-        if block_size < 1:
-            raise ValueError(f"block_size must be positive, got {block_size}")
-        self.block_size = block_size  # only reported: the scheduler's no-KV ledger needs one
+        model_path = config.model_path
+        self.settings = config
+        self.config = cfg = EncoderConfig.from_dir(model_path)
+        self.pooling = PoolingConfig.from_dir(model_path, DEFAULT_POOLING, allow_dense=True)
+        self.dtype = resolve_dtype(config.dtype, cfg)
+        self.device = torch.device(config.device)
+        self.block_size = config.block_size  # only reported: the scheduler's no-KV ledger needs one
         self.num_blocks = 0
-        self.max_model_len = _max_model_len(max_model_len, cfg)
+        self.max_model_len = context_length(
+            config.max_model_len, cfg.max_position_embeddings, cfg.max_seq_length
+        )
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids: list[int] = []
         # Dense projections (sentence-transformers) map the pooled vector to the last one's size
-        self.dense = load_dense_heads(
-            Path(model_path), self.pooling.dense, cfg.hidden_size, self.device
-        )
+        self.dense = load_dense_heads(model_path, self.pooling.dense, cfg.hidden_size, self.device)
         self.embedding_size = (
             self.pooling.dense[-1].out_features if self.pooling.dense else cfg.hidden_size
         )
-        self.limits = BatchLimits(block_size, 0, self.vocab_size, self.max_model_len)
+        self.limits = BatchLimits(self.block_size, 0, self.vocab_size, self.max_model_len)
         self.model = build_encoder(cfg, self.dtype, self.device)
-        load_weights(self.model, Path(model_path), progress=progress)
+        load_weights(self.model, model_path, progress=config.progress)
         prepare_for_device(self.model, self.device)
         log.info(
             "model %s: %s, %d layers, %s, %s pooling%s%s, max %d tokens",
@@ -107,15 +100,3 @@ class EmbeddingRunner:
         if self.dense is not None:
             pooled = self.dense(pooled)
         return finish(pooled, items, self.pooling.normalize)
-
-
-def _max_model_len(requested: int | None, cfg: EncoderConfig) -> int:
-    """Default: the positions the model has, capped by sentence-transformers' max_seq_length."""
-    if requested is None:
-        return min(cfg.max_position_embeddings, cfg.max_seq_length or cfg.max_position_embeddings)
-    if not 0 < requested <= cfg.max_position_embeddings:
-        raise ValueError(
-            f"max_model_len {requested} must be in [1, "
-            f"{cfg.max_position_embeddings}] (the model's max_position_embeddings)"
-        )
-    return requested
