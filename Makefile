@@ -91,8 +91,8 @@ bench: install
 	$(BIN)/python benchmarks/serving.py --compare-prefix-caching
 	$(BIN)/python benchmarks/frontend_loop.py
 	$(BIN)/pip install --quiet -e '.[bench]'
-	$(BIN)/python benchmarks/peers.py $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER))
-	$(BIN)/python benchmarks/peers.py --size smollm2 $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER)) $(if $(LLAMA_SERVER_ARGS),--llama-server-args="$(LLAMA_SERVER_ARGS)")
+	$(BIN)/python -m benchmarks.peers $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER))
+	$(BIN)/python -m benchmarks.peers --size smollm2 $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER)) $(if $(LLAMA_SERVER_ARGS),--llama-server-args="$(LLAMA_SERVER_ARGS)")
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -5,7 +5,7 @@
 At concurrency 1 a decode step reads every weight once (a tied embedding's head reads the whole
 matrix), so tokens/s cannot exceed (read bandwidth / bytes of weights). The bandwidth is measured
 as a reader does it: the best of several `sum()`s of a 1 GiB float32 buffer (far larger than
-any cache) on the threads the engines use. benchmarks/peers.py prints each engine's c=1 rate as
+any cache) on the threads the engines use. benchmarks/peers prints each engine's c=1 rate as
 a fraction of that bound for the GGUF sizes.
 """
 

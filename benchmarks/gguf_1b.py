@@ -6,10 +6,10 @@ No weights of that size can be downloaded here, and speed and memory depend on t
 the types, not the values: the file has Llama 3.2 1B's shapes (hidden 2048, 16 layers, 32 query
 and 8 KV heads of 64, FFN 8192, tied embedding) and SmolLM2-135M-Instruct's tokenizer (its 49,152
 tokens, merges and chat template, read from the packaged file), so the chat workload
-(benchmarks/chat_workload.py) tokenizes as it does for SmolLM2. Weights are normal with standard
-deviation 0.02 in F16, norms 1; `llama-quantize` then stores them as llama.cpp users' files are
-(Q4_K_M: Q4_K matrices, Q6_K for the tied embedding and some attn_v / ffn_down, as its rules
-choose). Files are cached under the kvledger cache directory (`bench-1b/`).
+(benchmarks/peers/chat_workload.py) tokenizes as it does for SmolLM2. Weights are normal with
+standard deviation 0.02 in F16, norms 1; `llama-quantize` then stores them as llama.cpp users'
+files are (Q4_K_M: Q4_K matrices, Q6_K for the tied embedding and some attn_v / ffn_down, as its
+rules choose). Files are cached under the kvledger cache directory (`bench-1b/`).
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ def llama_cpp_line(args: argparse.Namespace, rows: list[Row]) -> str:
     """llama.cpp's own per-token timings (its `/completion` reply's `timings`) on an F32 GGUF
     of the same weights, on the same threads, one sequence: a prompt of --prompt-len tokens,
     and --repeats tokens decoded after --context-len; next to kvledger's batch-1 float32 rows."""
-    from benchmarks.llama_cpp import complete, gguf_of, llama_server
+    from benchmarks.peers.llama_cpp import complete, gguf_of, llama_server
 
     model = ensure_tiny_llama()
     threads = torch.get_num_threads()

@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from benchmarks.gguf_export import gguf_name, rotate_half_to_interleaved
 from benchmarks.load import Workload, percentiles
+from tools.gguf_export import gguf_name, rotate_half_to_interleaved
 
 
 def test_shared_prefix_prompts_share_exactly_the_prefix_and_are_deterministic():
@@ -68,7 +68,7 @@ def test_chat_workload_shares_the_system_prompt_and_survives_json():
     shared token for token, each question its own; static_batches gets it back through JSON."""
     import json
 
-    from benchmarks.chat_workload import chat_workload
+    from benchmarks.peers.chat_workload import chat_workload
     from kvledger.gguf_tokenizer import load_gguf_tokenizer
     from kvledger.models import smollm2_path
 
@@ -105,7 +105,7 @@ def test_the_warm_up_prompt_is_never_a_measured_one():
 def test_cold_chat_prompts_share_no_cache_block():
     """The cold-prefill run's prompts: as long as the shared ones, but no two share a 16-token
     block (kvledger's default block size), so no prefix cache can serve any of it."""
-    from benchmarks.chat_workload import chat_workload
+    from benchmarks.peers.chat_workload import chat_workload
     from kvledger.models import smollm2_path
 
     prompts = chat_workload(smollm2_path(), 8, 8, cold=True).prompts()
@@ -121,7 +121,7 @@ def test_the_random_sizes_cold_prompts_share_no_block_with_the_others():
     block with them or each other (the same seed would have repeated the shared prefix)."""
     from pathlib import Path
 
-    from benchmarks.peer_runs import workloads
+    from benchmarks.peers.runs import workloads
 
     runs = workloads(Path("unused"), "tiny", 48, 8, 4, 128)
     assert [r.key for r in runs] == [16, 1, "cold"] and not runs[2].warm_up
@@ -134,7 +134,7 @@ def test_the_random_sizes_cold_prompts_share_no_block_with_the_others():
 
 
 def test_static_batches_pad_on_the_left_and_mask_the_padding():
-    from benchmarks.static_batches import left_padded
+    from benchmarks.peers.static_batches import left_padded
 
     ids, mask = left_padded([[5, 6, 7], [8, 9]], "cpu")
     assert ids.tolist() == [[5, 6, 7], [0, 8, 9]]
@@ -174,7 +174,7 @@ def test_peers_report_gives_every_kvledger_row_its_ratios(capsys):
     import argparse
     from pathlib import Path
 
-    from benchmarks.peers_report import print_table
+    from benchmarks.peers.report import print_table
 
     report = {
         "kvledger": engine_run(200.0),
@@ -192,7 +192,7 @@ def test_peers_report_gives_every_kvledger_row_its_ratios(capsys):
 
 
 def test_peers_rounds_print_each_ratio_and_its_median(capsys):
-    from benchmarks.peers_report import print_rounds
+    from benchmarks.peers.report import print_rounds
 
     rounds = [{"kvledger": engine_run(a), "vllm": engine_run(100.0)} for a in (300.0, 150.0, 210.0)]
     print_rounds(rounds)
@@ -206,7 +206,7 @@ def test_peers_report_checks_every_peers_greedy_tokens_against_transformers(caps
     import argparse
     from pathlib import Path
 
-    from benchmarks.peers_report import print_table
+    from benchmarks.peers.report import print_table
 
     report = {
         "transformers": {
@@ -227,7 +227,7 @@ def test_peers_report_checks_every_peers_greedy_tokens_against_transformers(caps
 
 
 def test_vllm_binds_the_cores_the_benchmark_may_use():
-    from benchmarks.vllm_cpu import cores_bind
+    from benchmarks.peers.vllm_cpu import cores_bind
 
     cores = sorted(os.sched_getaffinity(0))
     assert cores_bind(1) == str(cores[0])

@@ -11,7 +11,7 @@ from tests.import_graph import Rule, cycles, imports_of, violations
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICES = ("server", "scheduler_svc", "worker")
-PACKAGES = ("kvledger", *SERVICES, "benchmarks", "deploy")
+PACKAGES = ("kvledger", *SERVICES, "benchmarks", "tools", "deploy")
 
 RULES = [
     Rule(

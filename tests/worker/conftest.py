@@ -16,10 +16,10 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from benchmarks.gguf_export import export  # noqa: E402
 from tests.worker.byte_tokenizer import write_byte_tokenizer  # noqa: E402
 from tests.worker.helpers import save_hf_checkpoint  # noqa: E402
 from tests.worker.quant_helpers import TYPES  # noqa: E402
+from tools.gguf_export import export  # noqa: E402
 
 PREBUILT = "KVLEDGER_PREBUILT_KERNELS"
 

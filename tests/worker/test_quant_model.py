@@ -3,7 +3,7 @@ gguf`, `worker/quant/`) computes what the same file dequantized to float32 compu
 (`--quantization none`): logits within 1e-3, and greedy tokens equal except where the
 reference's two best logits are closer than that (where either choice is within tolerance).
 
-The files are written from a random checkpoint by `benchmarks/gguf_export.py` with every
+The files are written from a random checkpoint by `tools/gguf_export.py` with every
 linear weight and the embedding quantized (Q8_0, Q4_0, Q4_1); the norms stay F32.
 """
 

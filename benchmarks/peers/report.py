@@ -1,4 +1,4 @@
-"""The peers benchmark's printout (benchmarks/peers.py): the CPU it ran on, one row per engine
+"""The peers benchmark's printout (benchmarks/peers): the CPU it ran on, one row per engine
 (output tokens/s and TTFT p50 at concurrency 16 and 1, TTFT p50 of the cold-prefill run, peak
 RSS of each of its processes), the ratios of each kvledger row to each peer, latency percentiles,
 and whether llama.cpp's and vLLM's greedy tokens equal transformers' (the same weights give the

@@ -1,8 +1,8 @@
 """Hugging Face transformers `generate` on static batches: the peers benchmark's baseline.
 
-Run by benchmarks/peers.py in a child process (its peak memory is then its own):
+Run by benchmarks/peers in a child process (its peak memory is then its own):
 
-    python benchmarks/static_batches.py MODEL_DIR WORKLOAD_JSON C1_WORKLOAD_JSON THREADS \
+    python benchmarks/peers/static_batches.py MODEL_DIR WORKLOAD_JSON C1_WORKLOAD_JSON THREADS \
         [DEVICE [DTYPE]]
 
 DEVICE (default cpu; cuda for a GPU) and DTYPE (default float32) are the model's. A MODEL that
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.load import Workload  # noqa: E402
 
 

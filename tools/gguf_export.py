@@ -1,12 +1,12 @@
 """Writes a Hugging Face Llama directory's safetensors weights as an F32 GGUF for llama.cpp.
 
-    .venv/bin/python benchmarks/gguf_export.py MODEL_DIR OUT.gguf [TYPE]
+    .venv/bin/python tools/gguf_export.py MODEL_DIR OUT.gguf [TYPE]
 
 TYPE (default F32) may be Q8_0, Q4_0 or Q4_1: every 2-D weight whose rows hold whole blocks is
 then stored quantized by `gguf.quants.quantize` (the norms stay F32), as llama-quantize would
 store it; the tests serve such files (tests/worker/test_quant_model.py).
 
-Only for benchmarks: the peers script (benchmarks/peers.py) runs llama.cpp's `llama-server` on
+Only for benchmarks: the peers script (benchmarks/peers) runs llama.cpp's `llama-server` on
 the very weights kvledger serves. The vocabulary is synthetic (same size, placeholder pieces):
 the benchmark sends token ids and reads token counts, so text never matters. Needs the `gguf`
 package (`pip install -e '.[bench]'`).

@@ -1,5 +1,5 @@
 """llama.cpp's `llama-server` as the benchmarks run it: on an F32 GGUF of the very weights
-kvledger serves (written once by benchmarks/gguf_export.py into kvledger's cache), or on a real
+kvledger serves (written once by tools/gguf_export.py into kvledger's cache), or on a real
 GGUF file as it is and requantized by `llama-quantize`, on loopback.
 
 The binary is built from the llama-cpp-python sdist (docs/benchmarks.md, "Against llama.cpp
@@ -26,7 +26,7 @@ def gguf_of(model: Path, name: str) -> Path:
     """The model's weights as an F32 GGUF, written on first use."""
     gguf = cache_dir() / f"bench-{name}-f32.gguf"
     if not gguf.exists():
-        from benchmarks.gguf_export import export
+        from tools.gguf_export import export
 
         export(model, gguf)
     return gguf

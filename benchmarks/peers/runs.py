@@ -1,4 +1,4 @@
-"""The runs benchmarks/peers.py drives every engine through, and what it reads of a process.
+"""The runs benchmarks/peers drives every engine through, and what it reads of a process.
 
 A run is a workload at one concurrency: c=16 and c=1 over prompts that share a prefix (the
 random sizes' 512-token prefix, or the chat workload's system prompt), and the cold-prefill run
@@ -12,8 +12,8 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.chat_workload import chat_workload
 from benchmarks.load import Workload, drive
+from benchmarks.peers.chat_workload import chat_workload
 
 REAL = "smollm2"  # --size of the real SmolLM2-135M-Instruct file, served as SMOLLM2
 # --size of the Llama-3.2-1B-shaped random file (benchmarks/gguf_1b.py) in each llama.cpp type

