@@ -25,8 +25,8 @@ VOCABULARY_KEYS = (
 )
 # Longest string a field may hold, in bytes, checked before any is decoded: a vocabulary's
 # tokens and merges are short (SmolLM2's longest token: 162 bytes), a chat template is a page
-# of Jinja; a longer one is a broken or hostile file (a 1 GB token took a tokenizer build to
-# 2.5 GB of memory).
+# of Jinja; a longer one is a broken or hostile file (a token of a gigabyte took a tokenizer
+# build to more than twice its size in memory).
 MAX_TOKEN_BYTES = 4096
 MAX_TEMPLATE_BYTES = 1 << 20
 MAX_STRING_BYTES = 64 << 10

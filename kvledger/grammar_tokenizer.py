@@ -44,7 +44,8 @@ def grammar_tokenizer(
 ) -> llguidance.LLTokenizer:
     """The engine's tokenizer over the model's whole vocabulary (`vocab_size`: the logits'
     width; ids the tokenizer does not name are never allowed); StructuredError when the
-    engine cannot read this kind of tokenizer (~0.6 s for a 49k vocabulary: cache it)."""
+    engine cannot read this kind of tokenizer (slow for a large vocabulary: cache it;
+    docs/performance.md, "Sampler and elementwise kernels")."""
     return grammar_tokenizer_of_json(tokenizer.to_str(), vocab_size, eos_token_ids)
 
 

@@ -32,9 +32,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Sane bounds of a registration. The ledger keeps a Python object per KV block (~150 bytes,
-# ~1 s to build a million): 2^22 blocks is ~600 MB and a few seconds, built off the event loop;
-# 10M blocks of one token once took the scheduler to 1.6 GB and froze every call for 15 s.
+# Sane bounds of a registration. The ledger keeps a Python object per KV block (~150 bytes):
+# 2^22 blocks is ~600 MB, built off the event loop; a registration of ten million one-token
+# blocks once took the scheduler past a gigabyte and froze every call while it was built
+# (docs/performance.md, "Scheduler").
 REGISTRATION_LIMITS = {
     "num_blocks": 1 << 22,
     "block_size": 1 << 12,

@@ -25,13 +25,13 @@ EMPTY_OUTPUT = SchedulerOutput(
 
 # A bundle stops growing where the worker's recent step time says it would run longer than
 # its budget: BUNDLE_BUDGET_S, or STREAM_BUDGET_S for each request the step decodes if that is
-# more. Bundles pay where a step is short next to the per-message costs (tiny-llama: 2-8 ms
-# steps, ~1 ms of CPU per message across the processes). Those costs grow with the streams a
-# message carries: each takes the scheduler and the frontend ~0.25 ms of CPU a message
-# (SmolLM2 at c=16: 0.12 cores beside 33 ms steps), so a budget of 8 ms a stream holds them
-# to ~3% of a step's time however slow the step. One stream of a slow model (a 300M model's
-# 40 ms step gained 1% at c=1 from bundles of 4 while its stream came in 160 ms chunks) keeps
-# the 50 ms floor: it runs a step a plan and streams every token as it comes.
+# more. Bundles pay where a step is short next to the per-message costs (a small model such as
+# tiny-llama, whose steps take a few milliseconds). Those costs grow with the streams a message
+# carries: each stream costs the scheduler and the frontend CPU for every message, so a budget
+# a stream keeps them a small, fixed share of a step's time however slow the step. One stream
+# of a slow model gains next to nothing from bundles while its tokens come in long chunks, so
+# it keeps BUNDLE_BUDGET_S's floor: it runs a step a plan and streams every token as it comes
+# (the figures behind both budgets: docs/performance.md, "Scheduler").
 BUNDLE_BUDGET_S = 0.05
 STREAM_BUDGET_S = 0.008
 # The step time a bundle is sized by: a moving average of the worker's decode-only steps, each

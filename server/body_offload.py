@@ -1,11 +1,12 @@
 """Request bodies parsed and validated off the event loop.
 
 FastAPI parses a JSON body and validates it against the route's model on the event loop,
-which meanwhile streams every other request's tokens: eight 4 MB chat bodies of 120,000 empty
-messages each froze every stream for ~2 s. A route of this class reads the body, then parses
-and validates it in a thread (server/offload.py: a bounded number at once) before FastAPI
-sees it, and hands FastAPI the validated model, which pydantic takes as it is (an instance of
-the model is not validated again). Errors are FastAPI's own: RequestValidationError with the
+which meanwhile streams every other request's tokens: a few large chat bodies of many empty
+messages froze every stream for seconds (docs/performance.md, "Frontend under large
+requests"). A route of this class reads the body, then parses and validates it in a thread
+(server/offload.py: a bounded number at once) before FastAPI sees it, and hands FastAPI the
+validated model, which pydantic takes as it is (an instance of the model is not validated
+again). Errors are FastAPI's own: RequestValidationError with the
 same `loc`, `type` and `msg`, so clients get the same 400s (server/errors.py)."""
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ table in docs/operations.md). Each refusal is a 400 naming the field and the lim
 
 Why here, before the work: what a client sends reaches memory and CPU in proportion to its
 size, often amplified (a template repeats a variable per message; the scheduler keeps a copy
-of the stop ids of each of `n` choices). A 4 MB body of 590,000 stop ids with n 16 took the
-scheduler from 47 MB to 783 MB; bounded, the same body is a 400 that costs nothing."""
+of the stop ids of each of `n` choices). A body of a few MB of stop ids with n 16 took the
+scheduler's memory up more than tenfold (docs/performance.md, "Frontend under large
+requests"); bounded, the same body is a 400 that costs nothing."""
 
 from __future__ import annotations
 

@@ -54,7 +54,8 @@ class ServedModel:
         """Characters past which a text cannot fit the context, whatever it says: each token
         covers at most the longest vocabulary entry's characters (markers such as `##` or
         `Ġ` count too, so this errs long). Texts longer than this are refused before
-        tokenizing: a 4 MB prompt took the frontend from 432 MB to 1.3 GB to find out."""
+        tokenizing: a prompt of a few MB took the frontend's memory up several times over to
+        find out (docs/performance.md, "Frontend under large requests")."""
         longest = max((len(piece) for piece in self.tokenizer.get_vocab()), default=1)
         return self.info.max_model_len * max(longest, 1)
 

@@ -3,8 +3,9 @@ bounded number at once.
 
 The loop streams every request's tokens, so a long tokenization runs in a thread; and at most
 TOKENIZE_SLOTS run together, so many large bodies arriving at once wait their turn rather than
-each holding a tokenizer's working memory (four concurrent 4 MB prompts took the frontend to
-4.2 GB before prompts were bounded; see ServedModel.max_prompt_chars).
+each holding a tokenizer's working memory (a few concurrent prompts of a few MB each took the
+frontend to gigabytes before prompts were bounded; see ServedModel.max_prompt_chars and
+docs/performance.md, "Frontend under large requests").
 """
 
 from __future__ import annotations

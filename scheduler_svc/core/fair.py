@@ -26,13 +26,14 @@ one tenant) has a first-come-first-served queue of its own.
   last-first, stay cached until reused).
 
 Why this measure. First come, first served let one tenant's burst (4 prompts x n=16 x 100
-tokens) hold another tenant's 4-token request for 65.5 s instead of 0.55 s. Counting running
-requests rather than tokens served so far keeps the rule almost stateless: it depends on who
-holds the worker now (plus the round-robin order among tenants that are waiting), so an idle
-tenant banks no credit to burst with later, a drained ledger starts even, and nothing grows
-with the number of tenants ever seen. And one running request is one decode position per
-step, the unit every tenant competes for. Within a tenant nothing changes: its requests keep
-their arrival order, and with a single tenant this policy is FCFS.
+tokens) hold another tenant's 4-token request over a hundred times as long as this rule does
+(docs/performance.md, "Scheduler"). Counting running requests rather than tokens served so far
+keeps the rule almost stateless: it depends on who holds the worker now (plus the round-robin
+order among tenants that are waiting), so an idle tenant banks no credit to burst with later, a
+drained ledger starts even, and nothing grows with the number of tenants ever seen. And one
+running request is one decode position per step, the unit every tenant competes for. Within a
+tenant nothing changes: its requests keep their arrival order, and with a single tenant this
+policy is FCFS.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ causal kernel over the gathered blocks).
 
 Rows whose sequences share leading blocks (`worker/attention/shared_prefix.py`: a system
 prompt the prefix cache serves to every chat) attend over them together, once per group
-(`csrc/shared_prefix.h`), and over their own blocks apart: 16 chats sharing 400 tokens of
-SmolLM2, one layer's decode attention ~1.7x faster.
+(`csrc/shared_prefix.h`), and over their own blocks apart: the shared blocks are read once a
+group instead of once a sequence (docs/performance.md, "Attention", has the gain).
 
 The kernel computes in float32 with a block-wise online softmax; it equals the torch backend
 to ~1e-6 in float32 (`tests/worker/test_cpu_attention.py`), grouped or not
@@ -59,7 +59,8 @@ class CpuPagedAttention(TorchAttention):
         """`kernel`: the compiled `paged_decode_shared`; `share_prefixes` False attends every
         decode alone and every prefill chunk through SDPA (benchmarks compare the two);
         `write`: the compiled `write_kv` (the same copies as torch's `index_copy_` pair in one
-        call: ~14 us less a layer at a decode step), else torch's."""
+        call, without two torch ops' per-call cost in every layer of a decode step), else
+        torch's."""
         self.kernel = kernel
         self.share_prefixes = share_prefixes
         if write is not None:
@@ -70,11 +71,10 @@ class CpuPagedAttention(TorchAttention):
         tokens after a shared system prompt) goes to the kernel as rows: every row sees the whole
         prefix, so the prefix is a group's shared blocks (its rows and those of other
         sequences on the same prefix), and only the chunk's own keys are attended row by row.
-        SmolLM2, 16 chats of 36 tokens over a cached 400: the step 835 -> 685 ms; one chunk of
-        128 over 512 257 -> 244 ms; 512 over 512 1030 -> 1116 (rows lose when a chunk's own
-        keys are half its context), so below 4x, and from the start, SDPA's causal kernel. Its
-        own keys cost rows the square of its length: longer chunks (a long prompt's later
-        chunks) stay with SDPA, where rows were not measured."""
+        Rows win while the shared prefix is most of a chunk's context and lose once the chunk's
+        own keys are half of it (docs/performance.md, "Attention"), so below 4x, and from the
+        start, SDPA's causal kernel. Its own keys cost rows the square of its length: longer
+        chunks (a long prompt's later chunks) stay with SDPA, where rows were not measured."""
         start, q_len = meta.start_pos_list[i], meta.query_lens_list[i]
         return (
             self.share_prefixes

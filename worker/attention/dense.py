@@ -2,7 +2,7 @@
 
 For passes that keep nothing: BERT-family encoders (bidirectional) and decoder embedding passes
 (causal). One SDPA call per sequence, unpadded: on CPU a padded batch needs a mask, and a
-masked SDPA falls back to a kernel about 10x slower than the unmasked per-sequence calls.
+masked SDPA falls back to a kernel many times slower than the unmasked per-sequence calls.
 """
 
 from __future__ import annotations

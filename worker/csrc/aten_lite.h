@@ -1,8 +1,9 @@
 // The parts of torch the kernels' files use, without <torch/extension.h>: that header brings
-// pybind11 and torch's whole C++ frontend, and a file including it takes ~45 s to compile on a
-// two-core machine against ~9 s with these. Only the file that defines a module's Python
-// bindings (module.cpp, quant/module.cpp) includes pybind11, through torch's casters alone
-// (<torch/csrc/utils/pybind.h>: ~20 s against the full header's ~45 s).
+// pybind11 and torch's whole C++ frontend, and a file including it takes several times as long
+// to compile as one with these (docs/performance.md, "Building the kernels"). Only the file
+// that defines a module's Python bindings (module.cpp, quant/module.cpp) includes pybind11,
+// through torch's casters alone (<torch/csrc/utils/pybind.h>, about half the full header's
+// time).
 #pragma once
 
 #include <ATen/Dispatch.h>

@@ -4,7 +4,8 @@
 //
 // In torch each of these is 3-10 ops, and at decode sizes (one to a few dozen rows of a few
 // hundred values) every op costs more in dispatch and allocation than in arithmetic: a batch-1
-// decode step of tiny-llama spent ~0.3 ms of each layer's ~0.4 ms there.
+// decode step of tiny-llama spent most of each layer's time there (docs/performance.md,
+// "Sampler and elementwise kernels").
 //
 // Every kernel computes what the torch code it replaces computes (worker/layers/), rounding
 // to the tensor's dtype at the same points, so bfloat16 and float16 agree with transformers as
@@ -184,11 +185,11 @@ std::vector<at::Tensor> split_rope(const at::Tensor& qkv, const at::Tensor& cos,
 }
 
 // [N, V] -> [N] int64: the index of each row's largest value, the first one where several tie
-// (torch.argmax's rule). torch's CPU argmax over a row of a 30k vocabulary runs ~18x slower
-// than a sum over it (0.37 ms for 16 rows here): this takes the row's max, then finds its
-// first occurrence. Both passes run in 16-wide chunks of independent lanes so that they
-// vectorize: the max as 16 running maxima, the search as "does this chunk hold it" before a
-// scalar look inside (one row of 30k: 26 -> 9 us, where a scalar search took most of it).
+// (torch.argmax's rule). torch's CPU argmax over a vocabulary row runs many times slower than
+// a sum over it: this takes the row's max, then finds its first occurrence. Both passes run in
+// 16-wide chunks of independent lanes so that they vectorize: the max as 16 running maxima, the
+// search as "does this chunk hold it" before a scalar look inside (a scalar search took most of
+// the time; docs/performance.md, "Sampler and elementwise kernels").
 // Rows must be finite: the sampler masks the rows that are not before it draws (with fast
 // math, NaN compares are not kept).
 template <typename T>
@@ -232,7 +233,8 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
 // k and v [T, Hkv, D] into their caches' slots (a cache viewed as [slots, Hkv, D]): row i to
 // slot slot_mapping[i], as two `index_copy_` calls do (tests/worker/test_fused_ops.py compares
 // them), in one call. A decode step writes one row a sequence in every layer, and
-// the two indexed copies through torch cost ~7 us each there, more than the bytes they move.
+// the two indexed copies through torch cost more there in per-op overhead than the bytes they
+// move.
 // float32 rows into a bfloat16 cache (--kv-cache-dtype bfloat16) round to nearest even, as
 // torch's conversion does.
 void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,

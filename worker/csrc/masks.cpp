@@ -2,9 +2,9 @@
 //
 // The grammar engine hands one packed bitmask per constrained row: bit t % 32 of int32 word
 // t / 32 is set when token t is allowed. Expanding it to one bool per token in torch (shift,
-// and, view, slice, masked_fill, then copying the rows back) took ~3 ms for 16 rows of a 49k
-// vocabulary; here each word is read once and only the forbidden tokens are written, so a row
-// costs a pass over its logits.
+// and, view, slice, masked_fill, then copying the rows back) took a sizeable share of a decode
+// step (docs/performance.md, "Sampler and elementwise kernels"); here each word is read once
+// and only the forbidden tokens are written, so a row costs a pass over its logits.
 //
 // Everything is done on the floats' bit patterns: under -ffast-math a float compare with -inf
 // may be folded away, an integer compare never is. The rows are finite (the sampler zeroes a

@@ -7,11 +7,11 @@
 // micro-kernels.
 //
 // Why: the per-sequence kernel (decode_block.h) reads a row-major key block and must transpose
-// 16 partial sums per head to get 16 scores; it spends ~600 cycles a block for SmolLM2's 3
-// query heads. Here a group's query rows (16 sequences x 3 heads = 48 in the chat benchmark)
-// are transposed once, so a key's scores for 16 rows are one chain of FMAs with nothing to
-// reduce across lanes, the softmax runs 16 rows to a vector, and each value row is loaded
-// once for several rows' sums. The states are the same float32 online softmax (m, l,
+// 16 partial sums per head to get 16 scores, and runs far below the FMA peak for SmolLM2's 3
+// query heads (docs/performance.md, "Attention"). Here a group's query rows (16 sequences x 3
+// heads = 48 in the chat benchmark) are transposed once, so a key's scores for 16 rows are one
+// chain of FMAs with nothing to reduce across lanes, the softmax runs 16 rows to a vector, and
+// each value row is loaded once for several rows' sums. The states are the same float32 online softmax (m, l,
 // unnormalized acc), merged like flash-decoding's parts; the result differs from the
 // per-sequence kernel only in the order of float32 sums (~1e-7 here).
 #pragma once

@@ -4,8 +4,8 @@
 // values broadcast, nothing reduced across lanes); the softmax folds a chunk into each row's
 // (m, l, acc) 16 rows to a vector; the value sums load each value row once for a tile of
 // rows. Each tile's counts are compile-time constants so its accumulators stay in registers
-// (a run-time count spilled them to the stack, 5x slower). AVX-512 forms for float32 and a
-// head dimension of 32, 64 or 128; portable loops otherwise.
+// (a run-time count spilled them to the stack, several times slower). AVX-512 forms for
+// float32 and a head dimension of 32, 64 or 128; portable loops otherwise.
 #pragma once
 
 #include "decode_block.h"
@@ -26,7 +26,8 @@ constexpr int64_t kChunkKeys = 128;  // keys scored before one softmax update
 
 #if defined(__AVX512F__)
 // NV row vectors (16 rows each) by 4 keys: 4 x NV accumulators, in registers because every
-// count is known at compile time (a run-time count spilled them to the stack, 5x slower).
+// count is known at compile time (a run-time count spilled them to the stack, several times
+// slower).
 template <int64_t kD, int NV>
 inline void scores_tile(const float* Qt, int64_t Rpad, const float* const* k, float* ST,
                         int nk) {

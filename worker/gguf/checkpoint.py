@@ -3,9 +3,10 @@ before any weight is read (see `worker/gguf/__init__.py` for the interface).
 
 What is cached between calls is the parsed header alone (metadata, config, each tensor's type,
 shape and place in the file): `gguf.GGUFReader` builds a numpy view per vocabulary string
-(~160 MiB of Python objects for a 49k-token vocabulary), and kept, it held them and the file's
-mapping for the worker's life. Each `open_checkpoint` maps the file anew (no parse), and the
-mapping goes when the last of its tensors is dropped: after loading, the worker holds neither.
+(many times the vocabulary's own size in Python objects; docs/performance.md, "Memory"), and
+kept, it held them and the file's mapping for the worker's life. Each `open_checkpoint` maps
+the file anew (no parse), and the mapping goes when the last of its tensors is dropped: after
+loading, the worker holds neither.
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ class Header:
     metadata: dict[str, Any]  # without the vocabulary lists (kvledger/gguf_file.py)
     hf_config: dict[str, Any]
     specs: tuple[TensorSpec, ...]
-    # the tokenizer's token, score, type and merge lists as plain Python lists (~10 MiB for a
-    # 49k vocabulary, against the reader's ~160 MiB of arrays): the grammar engine's tokenizer
-    # is built from them, so the file is parsed once per process
+    # the tokenizer's token, score, type and merge lists as plain Python lists (a small part
+    # of what the reader's arrays of them take): the grammar engine's tokenizer is built from
+    # them, so the file is parsed once per process
     vocabulary: dict[str, Any]
 
 
@@ -131,7 +132,7 @@ def _open(path: Path, header: Header) -> GGUFCheckpoint:
 
 
 def _header(path: Path) -> Header:
-    reader = open_reader(path)  # dropped on return: its fields are ~160 MiB of small arrays
+    reader = open_reader(path)  # dropped on return: its fields are a great many small arrays
     meta = metadata(reader, vocabulary=False)
     names = [t.name for t in reader.tensors]
     config = hf_config(meta, names, vocabulary_size(reader), str(path))

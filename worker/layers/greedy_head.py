@@ -17,8 +17,9 @@ passes over the head:
    this is `argmax` over the full logits, ties included; the groups' other tokens are smaller
    or equal and change nothing.
 
-On tiny-llama's 30522 x 256 head a row has 1-6 candidates; the screen streams 15.6 MB where
-the float32 head streams 31 MB (docs/performance.md has the figures).
+On tiny-llama's 30522 x 256 head a row has a handful of candidates; the screen streams 15.6
+MB where the float32 head streams 31 MB (docs/performance.md, "Linear layers and the LM head",
+has the figures).
 
 The bound. bfloat16 keeps 8 significant bits (unit roundoff u = 2^-8): rounding x and w costs
 each product at most (2u + u^2)|x_k w_k| (the products themselves are exact in float32), the

@@ -1,7 +1,8 @@
 """Greedy tokens from a Q8_0 LM head (sixteen-row tiles) without every logit of the exact path.
 
 The exact path's head multiplies float32 rows by the dequantized Q8_0 weight, one FMA per
-weight and row: at 16 rows SmolLM2's tied 49152 x 576 head is ~14% of a decode step. A greedy
+weight and row: at 16 rows SmolLM2's tied 49152 x 576 head is a sizeable share of a decode
+step (docs/performance.md, "Linear layers and the LM head"). A greedy
 row needs only the index of its largest logit, so `Int8ScreenedArgmax` finds it in two passes,
 as `worker.layers.greedy_head.ScreenedArgmax` does for a float32 head:
 
@@ -42,8 +43,8 @@ own error adds |x| |w_j - wq_j| to each bound: with wq_j the copy's row,
 the first and last terms as above with max(|w_j|, |wq_j|) for |w_j|, the middle one by
 Cauchy-Schwarz, |w_j - wq_j| computed in float64 from the copy itself and rounded up. From one
 row to the float32 tiles' 16 (a row streams a quarter of the float32 head's bytes). On
-tiny-llama's random head its bound is ~0.45 of the bfloat16 screen's 2^-6 |x| |w_j| (the
-copy's actual error, not a worst case): a median of 2 candidates a row against 5.
+tiny-llama's random head its bound is well under the bfloat16 screen's 2^-6 |x| |w_j| (the
+copy's actual error, not a worst case), so fewer candidates a row pass it.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ log = logging.getLogger(__name__)
 
 Q8_0 = 8  # ggml's type number
 # Below this many rows the int8 head saves little (one row streams the same 29 MB either way,
-# 0.53 against 0.64 ms in cache on SmolLM2's head) and the decision pass costs more.
+# and in cache it is barely faster on SmolLM2's head) and the decision pass costs more.
 MIN_ROWS = 4
 MAX_ROWS = 127  # the exact head's tile kernel below the GEMM path (rows16_ops.cpp, kGemmRows)
 # A float32 head's rows: up to its tile kernel's (`TILE_MAX_ROWS`), in one chunk, so that the
@@ -111,11 +112,12 @@ class Int8ScreenedArgmax:
         if not (groups - 1) * GROUP_ROWS < vocab_size <= groups * GROUP_ROWS:
             raise ValueError(f"{groups} tile groups do not hold {vocab_size} rows")
         # |w_j| of every row, padding included, in float64 a slice of 16 groups at a time:
-        # slices of 256 (19 MB in float64) left ~37 MB more in the worker's resident memory.
+        # slices of 256 (19 MB in float64) left tens of MB more in the worker's resident memory.
         # Each slice's norms go into one tensor allocated before the loop: kept as a list of
         # small tensors, each landed above its slice's freed ~1 MB scratch on glibc's heap and
-        # pinned it there (~215 MiB resident on SmolLM2's head once glibc's mmap threshold had
-        # risen past the scratch's size, which depends on what the process freed before).
+        # pinned it there (hundreds of MiB resident on SmolLM2's head once glibc's mmap
+        # threshold had risen past the scratch's size, which depends on what the process freed
+        # before; docs/performance.md, "Memory").
         norms = torch.empty(groups * GROUP_ROWS, dtype=torch.float64)
         residuals = torch.zeros(groups * GROUP_ROWS, dtype=torch.float64)
         largest = 0.0

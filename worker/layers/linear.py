@@ -4,9 +4,10 @@ Parameters are created with `torch.empty`: the loader overwrites every one of th
 initializing a large model's weights only to discard them costs seconds.
 
 On CPU, after loading, each linear layer re-lays its weight for oneDNN (`CpuMatmul`): the same
-products, computed 1.3-4.9x faster than `F.linear` at decode sizes on a 2-core AVX-512 EPYC; a
-small model also keeps float32 sixteen-row tiles that decode-sized batches stream through
-kvledger's own kernel (`benchmarks/linear_layouts.py` measures every layout side by side).
+products, computed faster than `F.linear` at decode sizes; a small model also keeps float32
+sixteen-row tiles that decode-sized batches stream through kvledger's own kernel
+(`benchmarks/linear_layouts.py` measures every layout side by side; docs/performance.md,
+"Linear layers and the LM head", has the figures).
 """
 
 from __future__ import annotations
@@ -24,15 +25,17 @@ from worker.layers.native_ops import UsesNative
 
 log = logging.getLogger(__name__)
 
-# Below this many weights oneDNN's per-call cost (~10 us) outweighs its faster kernel at one
-# row (tiny-llama's 256x256 o_proj: 0.022 ms against 0.010 ms for `x @ w_t`).
+# Below this many weights oneDNN's per-call cost outweighs its faster kernel at one row
+# (tiny-llama's 256x256 o_proj runs faster as MKL's `x @ w_t`; docs/performance.md, "Linear
+# layers and the LM head").
 ONEDNN_MIN_ELEMENTS = 1 << 18
 
 
 # Models whose linear weights total at most this keep a second copy of each float32 weight for
-# decode-sized batches (see CpuMatmul): at most this much more memory, for ~15-25% more tokens/s
-# at concurrency 1 on tiny-llama. A larger model keeps one copy: the second would cost as much
-# memory as its weights (the worker should stay within ~1.2x its weights plus its KV pool).
+# decode-sized batches (see CpuMatmul): at most this much more memory, for a faster single
+# stream on a small model such as tiny-llama. A larger model keeps one copy: the second would
+# cost as much memory as its weights (the worker should stay within ~1.2x its weights plus its
+# KV pool).
 BOTH_LAYOUTS_MAX_BYTES = 256 * 2**20
 
 # Up to this many rows (a decode step's batch) the second copy is kvledger's float32
@@ -67,11 +70,10 @@ class CpuMatmul:
     """`x @ w.T` for a fixed CPU weight, in the fastest layout available here.
 
     oneDNN's prepacked weight (`mkldnn._reorder_linear_weight`, what torch.compile's CPU
-    backend uses for frozen linear layers) beats MKL's sgemm on `F.linear` by 3.2x for the
-    30522x256 LM head at 16 rows and 2x for a 300M model's MLP at one row on a 2-core AVX-512
-    EPYC. Where oneDNN is absent or refuses the dtype, the weight is stored input-major ([in,
-    out], contiguous) and multiplied as `x @ w_t`, which MKL runs ~3.7x faster than `F.linear`
-    at one row.
+    backend uses for frozen linear layers) beats MKL's sgemm on `F.linear`, from an LM head at
+    16 rows to a mid-sized model's MLP at one row. Where oneDNN is absent or refuses the dtype,
+    the weight is stored input-major ([in, out], contiguous) and multiplied as `x @ w_t`, which
+    MKL runs faster than `F.linear` at one row.
 
     At decode sizes a layer is a stream of its weights, and neither library streams it at the
     memory's rate. With `both_layouts` (a small model) a float32 weight is also kept as
@@ -80,9 +82,8 @@ class CpuMatmul:
     too small for oneDNN the input-major copy (MKL's blocked sums: the kernel's one FMA chain
     a row over a 24-row prefill moved a Q5_K test model's logits of ~150 by 1.2e-4, past the
     1e-4 that tests/worker/test_gguf.py holds them to): docs/performance.md has the figures. On a
-    CPU without AVX-512 the second copy is the input-major one, for single rows (on a 2-core
-    Xeon with AMX, MKL's `x @ w_t` ran tiny-llama's LM head at one row in 0.67 ms against
-    oneDNN's 0.99).
+    CPU without AVX-512 the second copy is the input-major one, for single rows, where MKL's
+    `x @ w_t` outruns oneDNN on a small model's LM head.
     """
 
     def __init__(self, weight: torch.Tensor, both_layouts: bool = False) -> None:
@@ -101,7 +102,8 @@ class CpuMatmul:
             self.tiles = f32_tiles(weight)
             from worker.quant import kernels
 
-            # the kernel's own entry point: torch.ops' dispatch costs ~3 us a call more
+            # the kernel's own entry point: torch.ops' dispatch costs more a call
+            # (worker/csrc/quant/ops.h)
             self.kernels = kernels.require()
         if self.packed is None or (both_layouts and self.tiles is None):
             self.weight_t = weight.t().contiguous()

@@ -2,10 +2,10 @@
 
 `nn.Module.__call__` checks for hooks, tracing and forward pre-hooks on every call before it
 reaches `forward`; kvledger registers none, and a decode step calls ~200 modules of a 30-layer
-model (each linear layer, norm, attention and MLP): the checks cost ~3 us a module there,
-0.6 ms of SmolLM2's 11 ms step at one row (docs/performance.md). A subclass that defines
-`forward` gets it as `__call__` too, so `module(x)` runs just that. Hooks registered on such a
-module are not called.
+model (each linear layer, norm, attention and MLP): at one row the checks are a visible share
+of a small model's step (docs/performance.md, "Python around the kernels"). A subclass that
+defines `forward` gets it as `__call__` too, so `module(x)` runs just that. Hooks registered on
+such a module are not called.
 """
 
 from __future__ import annotations

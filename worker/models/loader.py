@@ -64,7 +64,8 @@ def checkpoint_tensors(model_path: Path) -> list[StoredTensor]:
 def _read_safetensors(path: Path, name: str, source: Any) -> torch.Tensor:
     # The file is mapped for one tensor at a time: its pages leave the worker's resident
     # memory when the mapping closes. Mapped for the whole load, they stayed resident beside
-    # the copies (a 300M model peaked at 2088 MiB against 1161 MiB once loaded).
+    # the copies, and the load's peak was nearly twice the loaded worker's (docs/performance.md,
+    # "Memory").
     with safe_open(str(path), framework="pt") as f:
         return f.get_tensor(name) if source is None else f.get_slice(name)[source]
 

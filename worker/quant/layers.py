@@ -45,7 +45,7 @@ ACTIVATIONS = {
 
 # the same over rows16 tiles (Q4_0/Q4_1/Q8_0 on AVX-512: worker/csrc/quant/rows16.h), called
 # through the module's own entry points: the registered operators' dispatch from Python costs
-# ~3 us a call more, and a decode step calls one per layer (worker/csrc/quant/ops.h)
+# more a call, and a decode step calls one per layer (worker/csrc/quant/ops.h)
 ROWS16_OPS = {
     "float": lambda: kernels.require().linear_rows16,
     "int8": lambda: kernels.require().linear_int8_rows16,

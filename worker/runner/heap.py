@@ -3,10 +3,11 @@
 Loading leaves freed scratch behind on glibc's heap: dequantized slices, conversions, the
 checkpoint's copies. glibc returns free memory to the OS only from the heap's top, so a freed
 block below a live one stays resident, and the KV pool, allocated next, stacks on top of it:
-a greedy screen's norms kept as small tensors once pinned ~215 MiB that way on SmolLM2's
-head (worker/layers/int8_screen.py). `malloc_trim(0)` releases every free page of every arena,
-wherever it lies (glibc 2.8+), in a few milliseconds; `KVCache.allocate` calls it before it
-zeroes the pool (worker/runner/kv_cache.py), so the pool is not counted on top of scratch.
+a greedy screen's norms kept as small tensors once pinned a few hundred MiB that way on
+SmolLM2's head (worker/layers/int8_screen.py; docs/performance.md, "Memory"). `malloc_trim(0)`
+releases every free page of every arena, wherever it lies (glibc 2.8+), quickly next to a
+model's load; `KVCache.allocate` calls it before it zeroes the pool
+(worker/runner/kv_cache.py), so the pool is not counted on top of scratch.
 """
 
 from __future__ import annotations

@@ -61,8 +61,9 @@ def position_generator(seed: int, position: int) -> torch.Generator:
 
 
 # Top-p rows look for their nucleus among this many most likely tokens first: `topk` of 1024
-# of 30522 costs a few ms for 32 rows where a full sort costs ~140 ms. A row whose 1024 best
-# tokens hold less than top_p of the mass falls back to the full sort, so the result is exact.
+# of a vocabulary costs a small fraction of a full sort (docs/performance.md, "Sampler and
+# elementwise kernels"). A row whose 1024 best tokens hold less than top_p of the mass falls
+# back to the full sort, so the result is exact.
 TOP_P_CANDIDATES = 1024
 
 
@@ -134,7 +135,7 @@ def plain_greedy(chunk: SeqChunk) -> bool:
 def finite_rows(logits: torch.Tensor) -> torch.Tensor:
     """[N, V] -> [N] bool: the rows holding neither NaN nor inf."""
     # A NaN or inf makes its row's sum non-finite, and a sum reads the row once without a
-    # [N, V] mask (30x faster at decode sizes). Only a sum that overflowed on finite values
+    # [N, V] mask (far faster at decode sizes). Only a sum that overflowed on finite values
     # would mislead, so a row that looks bad is checked exactly.
     finite = torch.isfinite(logits.sum(dim=-1))
     if bool(finite.all()):
@@ -147,7 +148,7 @@ class Sampler:
         # Requests without a seed draw from one worker-wide stream.
         self.generator = torch.Generator().manual_seed(seed)
         # The compiled CPU kernels (worker/native.py), for the greedy argmax (torch's CPU
-        # argmax over a vocabulary row is ~18x slower than a sum over it) and the grammar
+        # argmax over a vocabulary row is many times slower than a sum over it) and the grammar
         # masks (worker/csrc/masks.cpp).
         self.native = native
 

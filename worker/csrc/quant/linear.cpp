@@ -27,7 +27,8 @@ namespace kvledger::quant {
 
 // From this many rows on, linear_int8 multiplies its quantized activations in float (see there):
 // the integer kernel pays a scale per block and row, the float one dequantizes a block once
-// for 8 rows (at 16 rows it was ~1.4x faster; at 4 about even; at 1 the integer one ~1.5x).
+// for 8 rows: the two break even at about this many rows, the float one ahead above it and
+// the integer one below (docs/performance.md, "Quantized kernels").
 constexpr int64_t kInt8FloatRows = 4;
 
 bool cpu_has(int64_t isa) {

@@ -16,9 +16,9 @@ constexpr int64_t kInt8 = 16;  // added to an isa: the int8-activation kernels' 
 constexpr int64_t kMinWorkPerTask = 1 << 16;
 
 // The decode path's operators as plain functions, for the module's own (pybind) entry points:
-// from Python, a call through `torch.ops` spends ~3 us more than one through pybind (boxing
-// and schema matching; 8.8 against 5.9 us for a 192 x 576 layer at one row), and a decode step
-// makes a call per linear layer.
+// from Python, a call through `torch.ops` spends more than one through pybind (boxing and
+// schema matching: a visible share of a small layer's call at one row; docs/performance.md,
+// "Python around the kernels"), and a decode step makes a call per linear layer.
 // The same functions as the registered operators (rows16_ops.cpp, rows16_f32.cpp).
 at::Tensor direct_linear_rows16(const at::Tensor& x, const at::Tensor& tiles, int64_t type, int64_t in);
 at::Tensor direct_linear_int8_rows16(const at::Tensor& x, const at::Tensor& tiles, int64_t type, int64_t in);
@@ -44,10 +44,11 @@ std::pair<at::Tensor, at::Tensor> lookup(const at::Tensor& ids, int64_t total, i
                                          const at::TensorOptions& options);
 
 // From this many activation rows (a prefill's) the exact path dequantizes the layer into a
-// float32 scratch and multiplies with a float GEMM (`float_gemm`): oneDNN ran ~230 GFLOP/s on
-// a 2-core AMX Xeon where the tiles' unpacking holds them to ~145, and one dequantization
-// (~0.3 ms for 576 x 3072) is paid back from ~128 rows. The same products, summed in another order:
-// within the exact path's contract, as the tiles are. Decode steps keep the tiles.
+// float32 scratch and multiplies with a float GEMM (`float_gemm`): the GEMM outruns the tiles,
+// whose unpacking bounds them, and from about this many rows that pays for the layer's one
+// dequantization (docs/performance.md, "Quantized kernels"). The same products, summed in
+// another order: within the exact path's contract, as the tiles are. Decode steps keep the
+// tiles.
 constexpr int64_t kGemmRows = 128;
 // The scratch holds at most this many floats (8 MiB): a larger layer is multiplied in slabs of
 // output columns, so a big model's prefill does not keep a whole float32 layer per thread.

@@ -4,7 +4,8 @@
 // broadcast; rows16_vnni.cpp), or a shift and a table lookup make one value of each row a
 // float for one FMA (rows16_avx512.cpp, the exact path); a block's sixteen scales are one
 // conversion. Both kernels prefetch the tiles 2 KiB ahead: the hardware prefetcher stops at
-// each 4 KiB page, and without it a decode step's weights streamed at half the speed.
+// each 4 KiB page, and without it a decode step's weights streamed well below the memory's
+// rate (docs/performance.md, "Quantized kernels").
 //
 // Group g (rows 16g .. 16g+15) holds its blocks in order; block b of the group is a tile of
 //   d[16]    float16, row j's scale                                   (32 bytes)

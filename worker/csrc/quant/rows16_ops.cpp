@@ -54,8 +54,9 @@ at::Tensor unpack_rows16(const at::Tensor& packed, int64_t type, int64_t in) {
 }
 
 // linear_int8 over rows16 tiles: the same quantized activations and terms, every row count
-// through one kernel, whose unpacking of a tile serves up to 4 activation rows (Q4: at 512
-// rows it was ~3x faster than linear_int8's float fallback). Q8_0 tiles (a tied head's) on a
+// through one kernel, whose unpacking of a tile serves up to 4 activation rows (Q4: at a
+// prefill's row counts it outruns linear_int8's float fallback; docs/performance.md, "Quantized
+// kernels"). Q8_0 tiles (a tied head's) on a
 // CPU without VBMI: the activations dequantized through the exact kernel, as linear_int8 does
 // from 4 rows, equal to the integer sums up to rounding. AVX-512 VNNI only.
 at::Tensor linear_int8_rows16(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t in) {
@@ -192,8 +193,8 @@ at::Tensor dequantize_rows16(const at::Tensor& packed, int64_t type, int64_t in,
 
 // y = x @ wt (wt [in, n], a column slab's W^T) through oneDNN's matmul on the plain layout, as
 // `torch.ops.mkldnn._linear_pointwise` (called boxed: no private header), else through at::mm
-// (MKL). Why oneDNN: on a 2-core AMD EPYC (Zen 5) MKL's sgemm ran SmolLM2's layers at 576 rows
-// 2.2-2.4x slower (576 -> 3072: 9.9 against 4.5 ms), taking code paths below AVX-512 there.
+// (MKL). Why oneDNN: on AMD's Zen CPUs MKL's sgemm takes code paths below AVX-512 and ran
+// SmolLM2's prefill layers at half oneDNN's speed (docs/performance.md, "Quantized kernels").
 // If oneDNN ever refuses (a torch whose op takes other arguments), at::mm from then on.
 at::Tensor float_gemm(const at::Tensor& x2, const at::Tensor& wt) {
   static const std::optional<c10::OperatorHandle> onednn =

@@ -5,9 +5,10 @@
 // products of 16 rows, with 4 integer accumulators per activation row to keep the chains short.
 // Per tile and activation row the exact integer sums are scaled once:
 //   Q4_1: y += dw * (d * dot) + mw * sd        Q4_0: y += dw * (d * dot - 8 * sd)
-// (blocks.h, `Int8Args`, the same terms as the per-row kernels). Where the GGUF layout's
-// kernel spends ~6 cycles a row-block at one activation row, this one spends under one: the
-// product then streams its weights at memory speed. Function-level target, chosen at run time
+// (blocks.h, `Int8Args`, the same terms as the per-row kernels). The GGUF layout's kernel is
+// bound by its arithmetic at one activation row; this one spends a fraction of its cycles a
+// row-block, so the product streams its weights at memory speed (docs/performance.md,
+// "Quantized kernels"). Function-level target, chosen at run time
 // only where the CPU reports avx512_vnni (rows16_ops.cpp).
 #include "rows16.h"
 
