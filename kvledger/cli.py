@@ -244,7 +244,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: kvledger serve [flags]   (kvledger serve --help for the flags)")
+        print("       kvledger export-tokenizer GGUF DIR   (a GGUF file's tokenizer, for HF tools)")
         raise SystemExit(0 if argv else 2)
+    if argv[0] == "export-tokenizer":
+        from kvledger.export_tokenizer import main as export_tokenizer
+
+        raise SystemExit(export_tokenizer(argv[1:]))
     if argv[0] != "serve":
         print(f"kvledger: unknown command {argv[0]!r}; try `kvledger serve`", file=sys.stderr)
         raise SystemExit(2)

@@ -1,4 +1,6 @@
-"""OpenAI request bodies. Unknown fields are accepted and ignored, as OpenAI's clients expect.
+"""OpenAI request bodies. Fields no schema defines are accepted and ignored, as OpenAI's
+clients expect; OpenAI's and vLLM's that this server does not implement are refused by name
+(NOT_IMPLEMENTED, NOT_IMPLEMENTED_UNLESS; every field's decision: docs/api.md).
 
 `SamplingRequest` holds what completions and chat share; each endpoint adds its own fields."""
 
@@ -15,8 +17,8 @@ INT32_MAX = 2**31 - 1
 # strict: JSON true/false or 1.5 are not token ids (lax mode read true as 1)
 TokenId = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
 # Every request body validates strictly: a JSON value of the wrong type ("0.5", false, 1.0 for
-# an integer) is a 400, as the published schema says, never coerced. Unknown fields are
-# accepted and ignored, as OpenAI's clients expect.
+# an integer) is a 400, as the published schema says, never coerced. Fields no schema
+# defines are accepted and ignored, as OpenAI's clients expect.
 REQUEST_CONFIG = ConfigDict(extra="allow", strict=True)
 Prompt = str | list[str] | list[TokenId] | list[list[TokenId]]
 LOGIT_BIAS_LIMIT = 100.0
@@ -35,6 +37,24 @@ NOT_IMPLEMENTED = (
     "return_tokens_as_token_ids",
     "prediction",
 )
+# OpenAI's parameters this server does not implement, each with the values that ask for
+# nothing it lacks: those are accepted, any other is a 400 naming the parameter
+# (server/sampling.py). `web_search_options: {}` asks for a search with the defaults, so only
+# null is a no-op there; `in_memory` is the only retention this server's prefix cache has.
+NOT_IMPLEMENTED_UNLESS: dict[str, tuple[object, ...]] = {
+    "reasoning_effort": (None, "none"),  # no served model reasons
+    "service_tier": (None, "auto", "default"),  # one tier: this server's
+    "verbosity": (None,),
+    "modalities": (None, ["text"]),  # text out only: audio output is not served
+    "store": (None, False),  # nothing is stored: no API reads a completion back
+    "web_search_options": (None,),
+    "moderation": (None,),
+    "prompt_cache_retention": (None, "in_memory"),
+    "prompt_cache_options": (None, {}, {"mode": "implicit"}),
+}
+# OpenAI's metadata-like parameters (`user`, `metadata`, `safety_identifier`,
+# `prompt_cache_key`) are accepted and have no effect (docs/api.md): the prefix cache is
+# shared by prompt (and tenant), not by a client's key.
 
 
 def _unicode_text(value: object) -> object:
@@ -61,8 +81,19 @@ def _finite(value: float | None) -> float | None:
 
 
 class StreamOptions(BaseModel):
+    """`include_obfuscation` (OpenAI's padding of stream events against size side channels)
+    is not implemented: only false is accepted, never a stream that silently lacks it."""
+
     model_config = REQUEST_CONFIG
     include_usage: bool = False
+    include_obfuscation: bool = False
+
+    @field_validator("include_obfuscation")
+    @classmethod
+    def _no_obfuscation(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("stream obfuscation is not supported by this server")
+        return value
 
 
 class JsonSchemaFormat(BaseModel):
@@ -205,8 +236,10 @@ class EmbeddingRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
+    """`model` may be left out when one generative model is served (server/deps.py)."""
+
     model_config = REQUEST_CONFIG
-    model: str
+    model: str | None = None
     tokens: list[TokenId]
 
     _check_text = text_fields("model")

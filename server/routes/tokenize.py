@@ -1,7 +1,10 @@
-"""/tokenize and /detokenize (vLLM's): a prompt, or chat messages through the model's
-template, to token ids, and back."""
+"""/tokenize, /detokenize and /tokenizer_info (vLLM's): a prompt, or chat messages through
+the model's template, to token ids, and back; and the tokenizer's configuration. `model` may be
+left out when one generative model is served (lm-eval's remote tokenizer names none)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
@@ -12,10 +15,11 @@ from server.bounds import check_names, check_token_ids
 from server.chat_prompt import chat_prompt
 from server.chat_protocol import ChatMessage, ChatTemplateOptions
 from server.client import ServedModel
-from server.deps import model_for, settings_of
+from server.deps import named_or_only_model, settings_of
 from server.errors import APIError, error_responses
 from server.offload import off_loop
 from server.protocol import REQUEST_CONFIG, DetokenizeRequest, text_fields
+from server.tokenizer_info import TokenizerInfoResponse, tokenizer_info
 from server.tokens import check_text_fits, token_text
 
 router = APIRouter(route_class=OffLoopBodyRoute)
@@ -31,7 +35,7 @@ class TokenizeRequest(ChatTemplateOptions):
         **REQUEST_CONFIG,
         json_schema_extra={"examples": [{"model": "tiny-llama", "prompt": "The ledger says"}]},
     )
-    model: str
+    model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None  # type: ignore[assignment]
@@ -59,7 +63,7 @@ class DetokenizeResponse(BaseModel):
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give either `prompt` or `messages`", param="prompt")
-    model = await model_for(request, body.model)
+    model = await named_or_only_model(request, body.model)
     # Off the event loop, as completions: tokenizing and rendering take their time.
     return await off_loop(request, _tokenized, body, model, settings_of(request))
 
@@ -94,7 +98,7 @@ def _tokenized(body: TokenizeRequest, model: ServedModel, settings: Settings) ->
     responses=error_responses(400, 404, 413, 503),
 )
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
-    model = await model_for(request, body.model)
+    model = await named_or_only_model(request, body.model)
     return await off_loop(request, _detokenized, body, model, settings_of(request).limits)
 
 
@@ -111,3 +115,15 @@ def _detokenized(body: DetokenizeRequest, model: ServedModel, limits: Limits) ->
         )
     check_token_ids(body.tokens, model.info.vocab_size, "tokens")
     return DetokenizeResponse(prompt=model.tokenizer.decode(body.tokens))
+
+
+@router.get(
+    "/tokenizer_info",
+    response_model=TokenizerInfoResponse,
+    responses=error_responses(400, 404, 503),
+)
+async def get_tokenizer_info(request: Request, model: str | None = None) -> dict[str, Any]:
+    """The tokenizer of `model` (a query parameter), or of the only generative model."""
+    check_names(settings_of(request).limits, model=model)
+    served = await named_or_only_model(request, model)
+    return await off_loop(request, tokenizer_info, served)  # reads its files the first time

@@ -3,9 +3,10 @@ own /openapi.json and sends generated requests, valid and invalid, over real HTT
 stack (frontend, scheduler, a generative and an embedding worker) started with an API key.
 
 Every response must conform to the schema (status codes, content types, headers, bodies), no
-response may be a 5xx, every error must be in OpenAI's shape, requests without the key must be
-refused, a wrong method must be a 405 that says which is allowed, invalid data must be refused,
-and afterwards the server must still complete and its ledger must be idle (the last test).
+response may be a 5xx, every error must be in OpenAI's shape (Anthropic's under /v1/messages),
+requests without the key must be refused, a wrong method must be a 405 that says which is
+allowed, invalid data must be refused, and afterwards the server must still complete and its
+ledger must be idle (the last test).
 
 Two of schemathesis' judgements are not this server's contract. Schema-valid requests may be
 refused: the server checks what the schema cannot say (token ids below the vocabulary size,
@@ -50,6 +51,7 @@ SERVER_LIMITS = (
 OPENAI_ERROR_FIELDS = {"message", "type", "param", "code"}
 # Generating routes and the object their stream's chunks name.
 GENERATING = {"/v1/completions": "text_completion", "/v1/chat/completions": "chat.completion.chunk"}
+ANTHROPIC = "/v1/messages"  # its routes answer in Anthropic's shapes, take x-api-key too
 
 
 STACK = Stack(("--api-key", KEY, *SERVER_LIMITS), embedding=True)
@@ -62,7 +64,7 @@ def _widened(ctx, body: object) -> st.SearchStrategy:  # noqa: ANN001
     streamed: a third of the completions that do not say `stream` ask for it."""
     if not isinstance(body, dict):
         return st.just(body)
-    if ctx.operation.path in GENERATING and "stream" not in body:
+    if ctx.operation.path in (*GENERATING, ANTHROPIC) and "stream" not in body:
         streamed = st.sampled_from([body, body, {**body, "stream": True}])
     else:
         streamed = st.just(body)
@@ -151,8 +153,10 @@ def test_the_schema_declares_what_the_server_does(served):
             for status, response in responses.items():
                 if int(status) >= 400 and path != "/health":  # its 503 has no body
                     body = response["content"]["application/json"]["schema"]
-                    assert body == {"$ref": "#/components/schemas/ErrorResponse"}, where
-            assert (operation.get("security") == [{"apiKey": []}]) == (path not in public), where
+                    shape = "AnthropicErrorResponse" if _anthropic(path) else "ErrorResponse"
+                    assert body == {"$ref": f"#/components/schemas/{shape}"}, where
+            keys = [{"apiKey": []}, {"xApiKey": []}] if _anthropic(path) else [{"apiKey": []}]
+            assert (operation.get("security") == keys) == (path not in public), where
     assert "HTTPValidationError" not in schema["components"]["schemas"]
     assert schema["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
 
@@ -174,21 +178,45 @@ def _assert_openai_error(body: object, case, status: int, where: str) -> None:  
     assert isinstance(error["type"], str) and error["type"], f"{where}: {body!r}"
     param = error["param"]
     assert param is None or isinstance(param, str), f"{where}: {body!r}"
-    if param is not None:  # names a field of the request body (or an item of one), or a path
-        field = param.split(".")[0]  # parameter (`model` of /v1/models/{model})
-        names = _body_fields(case) | set(case.path_parameters or {})
+    if param is not None:  # names a field of the request body (or an item of one), a path
+        field = param.split(".")[0]  # parameter (`model` of /v1/models/{model}) or a query one
+        names = _body_fields(case) | set(case.path_parameters or {}) | set(case.query or {})
         assert field in names, f"{where}: param {param!r} is no field: {body!r}"
     assert error["code"] is None or isinstance(error["code"], str), f"{where}: {body!r}"
     if 400 <= status < 500:
         assert error["type"] != "server_error", f"{where}: a client error typed as the server's"
 
 
+def _anthropic(path: str) -> bool:
+    return path == ANTHROPIC or path.startswith(ANTHROPIC + "/")
+
+
+def _assert_anthropic(response, where: str) -> None:  # noqa: ANN001
+    """Anthropic's error shape, {"type": "error", "error": {"type", "message"}}; a stream's
+    events each named by an `event:` line, the last `message_stop` or an `error`."""
+    content_type = response.headers.get("content-type", [""])[0]
+    if response.status_code >= 400:
+        body = json.loads(response.content)
+        assert body.get("type") == "error", f"{where}: {body!r}"
+        assert set(body["error"]) == {"type", "message"}, f"{where}: {body!r}"
+        assert body["error"]["message"], f"{where}: {body!r}"
+    elif content_type.startswith("text/event-stream") and not response.stream_cut_short:
+        text = response.content.decode(errors="replace")
+        names = [line[7:] for line in text.split("\n") if line.startswith("event: ")]
+        assert names and names[0] == "message_start", f"{where}: {names!r}"
+        assert names[-1] in ("message_stop", "error"), f"{where}: {names!r}"
+
+
 @schemathesis.check
 def openai_error_shape(ctx, response, case) -> None:  # noqa: ANN001
     """Every error is JSON in OpenAI's shape: {"error": {"message", "type", "param", "code"}},
-    and so is an error that ends a stream; a stream's events are JSON, then `[DONE]`."""
+    and so is an error that ends a stream; a stream's events are JSON, then `[DONE]`. Under
+    /v1/messages, Anthropic's shapes instead."""
     del ctx
     where = f"{case.method} {case.path} -> {response.status_code}"
+    if _anthropic(case.path):
+        _assert_anthropic(response, where)
+        return
     content_type = response.headers.get("content-type", [""])[0]
     if response.status_code >= 400:
         assert content_type.startswith("application/json"), f"{where}: {content_type!r}"
@@ -217,6 +245,8 @@ def test_every_operation_conforms_to_its_schema(api_schema):
         "POST /v1/embeddings",
         "GET /v1/models",
         "GET /v1/models/{model}",
+        "POST /v1/messages",
+        "POST /v1/messages/count_tokens",
     } <= operations
     failures: set[str] = set()
     errors: list[str] = []
