@@ -15,13 +15,14 @@ import kvledger
 from kvledger.config.frontend import Settings
 from kvledger.log import REQUEST_ID
 from kvledger.tls import files_of
+from server.anthropic.replies import anthropic_error_responses
 from server.client import SchedulerClient
-from server.deps import bearer, tenant
+from server.deps import bearer, tenant, x_api_key
 from server.errors import error_responses, install_error_handlers
 from server.grammar_sandbox import close_sandbox
 from server.limits import BodyDeadline, BodySizeLimit
 from server.offload import tokenize_slots
-from server.routes import chat, completions, embeddings, health, models, tokenize
+from server.routes import chat, completions, embeddings, health, messages, models, tokenize
 
 __all__ = ["Settings", "build_app"]
 
@@ -106,6 +107,13 @@ def build_app(settings: Settings) -> FastAPI:
         app.include_router(health.metrics_router, dependencies=guard, responses=key_errors)
     for router in GUARDED:
         app.include_router(router, dependencies=guard, responses=key_errors)
+    # Anthropic's clients send the key as `x-api-key` (accepted on every route: deps.tenant),
+    # and read errors only in Anthropic's shape.
+    anthropic_guard = [Security(bearer), Security(x_api_key), Depends(tenant)] if keyed else []
+    anthropic_key_errors = anthropic_error_responses(401) if keyed else {}
+    app.include_router(
+        messages.router, dependencies=anthropic_guard, responses=anthropic_key_errors
+    )
     return app
 
 

@@ -59,6 +59,7 @@ class Choice:
     token_ids: list[int] = field(default_factory=list)  # generated so far (usage, continuations)
     num_cached_tokens: int = 0
     finish_reason: str | None = None
+    stop_string: str | None = None  # the stop string that ended it, if one did
     entries: list[TokenEntry] | None = None  # with logprobs: one per generated token
     entries_sent: int = 0
     # With prompt logprobs: one per prompt token once the first response came (the first None).

@@ -1,4 +1,6 @@
-"""OpenAI-shaped errors: {"error": {"message", "type", "param", "code"}}."""
+"""OpenAI-shaped errors: {"error": {"message", "type", "param", "code"}}; under Anthropic's
+/v1/messages every error, an unserved path's 404 included, in Anthropic's shape
+(server/anthropic/errors.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from server.anthropic.errors import error_body, is_anthropic
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +62,14 @@ class APIError(Exception):
             }
         }
 
-    def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    def response(self, headers: Mapping[str, str] | None = None, path: str = "") -> JSONResponse:
+        """In OpenAI's shape; under /v1/messages (`path`) in Anthropic's, the only one its
+        clients read (server/anthropic/errors.py)."""
         merged = dict(headers or {})
         if self.status in (429, 503):
             merged["Retry-After"] = RETRY_AFTER_SECONDS
-        return JSONResponse(self.body(), status_code=self.status, headers=merged or None)
+        body = error_body(self.status, self.message) if is_anthropic(path) else self.body()
+        return JSONResponse(body, status_code=self.status, headers=merged or None)
 
 
 def error_type(status: int) -> str:
@@ -177,35 +184,49 @@ def _union_tag(part: object) -> bool:
 # What an unmatched path's 404 lists (an OpenAI route kvledger does not serve, such as
 # /v1/responses, is named as such rather than a bare "Not Found").
 SERVED_ROUTES = (
-    "served: /v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models, /tokenize, "
-    "/detokenize, /health, /version, /metrics"
+    "served: /v1/completions, /v1/chat/completions, /v1/messages, /v1/messages/count_tokens, "
+    "/v1/embeddings, /v1/models, /tokenize, /detokenize, /tokenizer_info, /health, /version, "
+    "/metrics"
 )
 
 
+def unserved_route(path: str) -> JSONResponse:
+    """The 404 of a path no route matches, naming it and what is served. Under /v1/messages
+    it comes in Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`), so
+    that the `anthropic` client raises its NotFoundError with the message rather than
+    failing to read the body; elsewhere in OpenAI's."""
+    message = f"{path} is not served by this server ({SERVED_ROUTES})"
+    return APIError(404, message).response(path=path)
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    """Every error answered in the shape of the API its path belongs to (APIError.response)."""
+
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response(path=request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return APIError(400, message, param=param).response()
+        return APIError(400, message, param=param).response(path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Keeps the exception's headers: a 405 must say which methods are allowed (`Allow`).
         message = str(exc.detail)
         if exc.status_code == 404 and message == "Not Found":  # no route matched
-            message = f"{request.url.path} is not served by this server ({SERVED_ROUTES})"
-        return APIError(exc.status_code, message).response(headers=exc.headers)
+            return unserved_route(request.url.path)
+        error = APIError(exc.status_code, message)
+        return error.response(headers=exc.headers, path=request.url.path)
 
     @app.exception_handler(grpc.aio.AioRpcError)
-    async def _grpc(_: Request, exc: grpc.aio.AioRpcError) -> JSONResponse:
-        return from_grpc(exc).response()
+    async def _grpc(request: Request, exc: grpc.aio.AioRpcError) -> JSONResponse:
+        return from_grpc(exc).response(path=request.url.path)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # A bug, but still an answer in OpenAI's shape (Starlette's default is plain text);
         # Starlette re-raises the exception after this response, so its traceback is logged.
-        return APIError(500, "The server had an error while processing your request.").response()
+        error = APIError(500, "The server had an error while processing your request.")
+        return error.response(path=request.url.path)

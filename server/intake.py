@@ -99,9 +99,9 @@ def _add_prompt_entries(
 def _cut_at_stop(choice: Choice, stops: list[str], include: bool) -> bool:
     """Cuts the text at its earliest stop string (after it, with `include`); True on a hit."""
     window_start = max(0, choice.sent - max(len(s) for s in stops))
-    hits = [(i, len(s)) for s in stops if (i := choice.text.find(s, window_start)) != -1]
+    hits = [(i, len(s), s) for s in stops if (i := choice.text.find(s, window_start)) != -1]
     if not hits:
         return False
-    at, length = min(hits)
+    at, length, choice.stop_string = min(hits)
     choice.text = choice.text[: at + length if include else at]
     return True

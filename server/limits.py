@@ -52,7 +52,7 @@ class BodySizeLimit:
         too_big = APIError(413, f"the request body is larger than {self.max_bytes} bytes")
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await too_big.response()(scope, receive, send)
+            await too_big.response(path=scope.get("path", ""))(scope, receive, send)
             return
         seen = 0
 

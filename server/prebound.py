@@ -26,6 +26,7 @@ def prebound(data: Any, limits: Limits) -> None:
         check_count(parts, limits.max_content_parts, "messages", "content parts")
     for field, limit, what in (
         ("stop", limits.max_stop_strings, "stop strings"),
+        ("stop_sequences", limits.max_stop_strings, "stop_sequences"),  # Anthropic's `stop`
         ("stop_token_ids", limits.max_stop_token_ids, "stop_token_ids"),
         ("logit_bias", limits.max_logit_bias, "logit_bias entries"),
     ):

@@ -4,6 +4,7 @@ GenerateRequest of each choice."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from server.client import ServedModel
 from server.detokenizer import IncrementalDetokenizer
 from server.errors import APIError
 from server.limits import Limits, check_sampling_limits
-from server.protocol import NOT_IMPLEMENTED, SamplingRequest
+from server.protocol import NOT_IMPLEMENTED, NOT_IMPLEMENTED_UNLESS, SamplingRequest
 from server.structured import check_structured, structured_spec, to_wire
 
 SEED_RANGE = 2**64  # SamplingParams.seed is a uint64
@@ -117,11 +118,26 @@ def refuse_unsupported(body: SamplingRequest) -> None:
         value = extra.get(name)
         if value is not None and value is not False and value != [] and value != {}:
             raise APIError(400, f"`{name}` is not supported by this server", param=name)
+    for name, no_ops in NOT_IMPLEMENTED_UNLESS.items():
+        value = extra.get(name)
+        if not any(_same(value, no_op) for no_op in no_ops):
+            accepted = ", ".join(json.dumps(v) for v in no_ops)
+            raise APIError(
+                400,
+                f"`{name}`: {json.dumps(value)[:64]} is not supported by this server "
+                f"(accepted: {accepted})",
+                param=name,
+            )
     if body.best_of is not None and body.best_of != body.n:
         raise APIError(
             400, "best_of is not supported by this server (only best_of equal to n)",
             param="best_of",
         )  # fmt: skip
+
+
+def _same(value: object, no_op: object) -> bool:
+    """Equal as JSON values: `false` is not `0`, though Python's False == 0."""
+    return type(value) is type(no_op) and value == no_op
 
 
 def check_context(prompt: list[int], max_tokens: int, limit: int, param: str) -> None:

@@ -28,7 +28,8 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
     The client's leaving is awaited, not polled: once the body is read, the next message the
     server delivers is `http.disconnect` (a queued request used to wake every 50 ms to ask, and
-    500 of them cost the frontend two thirds of a core). Whatever way this returns, the work
+    hundreds of them took most of a core; docs/performance.md, "Frontend under large
+    requests"). Whatever way this returns, the work
     has finished: a cancelled task is waited for, so that it has left (and cleaned up) any
     generator it was running before the caller goes on, perhaps to close that generator."""
     task = asyncio.ensure_future(work)
@@ -67,17 +68,25 @@ def event(chunk: BaseModel | dict, exclude: set[str] | None = None) -> str:
     return f"data: {json.dumps(chunk)}\n\n"
 
 
+def openai_error(err: APIError) -> str:
+    return event(err.body())
+
+
 async def sse_response(
     request: Request,
     events: AsyncIterator[Choice],
     render: Callable[[Choice], list[str]],
     tail: Callable[[], list[str]],
+    error: Callable[[APIError], str] = openai_error,
+    done: str | None = "data: [DONE]\n\n",
 ) -> Response:
-    """Streams `render(choice)` for each change of a choice, then `tail()`, then `[DONE]`.
+    """Streams `render(choice)` for each change of a choice, then `tail()`, then `done`
+    (OpenAI's `[DONE]`; Anthropic's streams end with their last event, `done` None).
 
     The first event is awaited before the response starts, so that errors (a bad prompt, no
     worker) still get a status code, while a client that leaves before it (queued, or in a
-    long prefill) is noticed. An error later is sent as an event in OpenAI's error shape."""
+    long prefill) is noticed. An error later is sent as the event `error` writes (OpenAI's
+    error shape unless told)."""
     try:
         first = await until_disconnect(request, anext(events))
     except StopAsyncIteration:
@@ -97,10 +106,11 @@ async def sse_response(
             for out in tail():
                 yield out
         except APIError as err:
-            yield event(err.body())
+            yield error(err)
         finally:
             await events.aclose()
-        yield "data: [DONE]\n\n"
+        if done is not None:
+            yield done
 
     return StreamingResponse(
         sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}

@@ -52,7 +52,7 @@ async def chat_completions(
     # Off the event loop, as completions: rendering and tokenizing take their time.
     settings = settings_of(request)
     generation, tools = await off_loop(
-        request, _prepare, body, model, salt, tenant_tag(who), settings
+        request, prepare_chat, body, model, salt, tenant_tag(who), settings
     )
     events = merged(generation, scheduler(request))
     view = ChatView(body, generation, tools)
@@ -80,9 +80,16 @@ def refuse_unsupported(body: ChatCompletionRequest) -> None:
         raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
 
 
-def _prepare(
-    body: ChatCompletionRequest, model: ServedModel, salt: str, tag: str, settings: Settings
+def prepare_chat(
+    body: ChatCompletionRequest,
+    model: ServedModel,
+    salt: str,
+    tag: str,
+    settings: Settings,
+    id_prefix: str = "chatcmpl",
 ) -> tuple[Generation, ToolPlan | None]:
+    """The request's checks, tools, prompt and choices: the one way a chat turn becomes a
+    generation, also for the APIs translated onto chat (server/anthropic/)."""
     spec = check_request(body, model, settings.limits, 1)
     limits = settings.limits
     tools = tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls, limits)
@@ -92,7 +99,7 @@ def _prepare(
         body.messages, body, model, limits, settings.special_tokens_in_content, tools
     )
     options = ChoiceOptions(
-        id_prefix="chatcmpl",
+        id_prefix=id_prefix,
         max_tokens=body.token_limit,
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         prompt_param="messages",

@@ -42,8 +42,9 @@ router = APIRouter(route_class=OffLoopBodyRoute)
 async def completions(body: CompletionRequest, request: Request, who: str = Depends(tenant)) -> Any:
     model = await model_for(request, body.model)
     salt = tenant_salt(who, body.cache_salt)
-    # Off the event loop: a long prompt takes ~4 ms per 1,000 tokens to tokenize, and the
-    # loop meanwhile streams every other request's tokens (benchmarks/frontend_loop.py).
+    # Off the event loop: a long prompt takes long to tokenize (docs/performance.md, "Frontend
+    # under large requests"), and the loop meanwhile streams every other request's tokens
+    # (benchmarks/frontend_loop.py).
     generation, echoes = await off_loop(
         request, _prepare, body, model, salt, tenant_tag(who), settings_of(request).limits
     )

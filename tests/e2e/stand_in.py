@@ -30,6 +30,8 @@ def stand_in_worker(
     vocab_size: int = 1000,
     eos_token_ids: tuple[int, ...] = (999,),
     tokenizer_path: str = "",
+    max_model_len: int = 256,
+    num_blocks: int = 64,
 ) -> Iterator[None]:
     """Registers `model` (read from `path`) with the scheduler at `target` while in the block."""
     reg = worker_pb2.Registration(
@@ -38,8 +40,8 @@ def stand_in_worker(
         model_path=path,
         kind=kind,
         block_size=4,
-        num_blocks=64,
-        max_model_len=256,
+        num_blocks=num_blocks,
+        max_model_len=max_model_len,
         vocab_size=vocab_size,
         eos_token_ids=list(eos_token_ids),
         tokenizer_path=tokenizer_path,

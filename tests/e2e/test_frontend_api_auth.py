@@ -26,6 +26,7 @@ GUARDED = [
     ("POST", "/v1/embeddings", {"model": MODEL, "input": "x"}),
     ("POST", "/tokenize", {"model": MODEL, "prompt": "x"}),
     ("POST", "/detokenize", {"model": MODEL, "tokens": [101]}),
+    ("GET", "/tokenizer_info", None),
 ]
 
 
