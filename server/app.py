@@ -16,6 +16,7 @@ from kvledger.config.frontend import Settings
 from kvledger.log import REQUEST_ID
 from kvledger.tls import files_of
 from server.anthropic.replies import anthropic_error_responses
+from server.body_screen import BodyScreen
 from server.client import SchedulerClient
 from server.deps import bearer, tenant, x_api_key
 from server.errors import error_responses, install_error_handlers
@@ -76,7 +77,9 @@ def build_app(settings: Settings) -> FastAPI:
             resumptions,
             files_of(settings),
         )
+        app.state.body_screen.start()
         yield
+        app.state.body_screen.close()
         await app.state.scheduler.close()
         close_sandbox()  # its children would exit at the end of their stdin anyway
 
@@ -85,6 +88,7 @@ def build_app(settings: Settings) -> FastAPI:
     app.state.registry = registry
     app.state.request_timeouts = request_timeouts
     app.state.tokenize_slots = tokenize_slots()
+    app.state.body_screen = BodyScreen()
     install_error_handlers(app)
     _document_errors_truthfully(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.limits.max_request_body_bytes)

@@ -6,14 +6,14 @@ messages froze every stream for seconds (docs/performance.md, "Frontend under la
 requests"). A route of this class reads the body, then parses and validates it in a thread
 (server/offload.py: a bounded number at once) before FastAPI sees it, and hands FastAPI the
 validated model, which pydantic takes as it is (an instance of the model is not validated
-again). Errors are FastAPI's own: RequestValidationError with the
-same `loc`, `type` and `msg`, so clients get the same 400s (server/errors.py)."""
+again). A large body is screened in a child process before that (server/body_screen.py), so
+that no parse of it holds the GIL for long. Errors are FastAPI's own: RequestValidationError
+with the same `loc`, `type` and `msg`, so clients get the same 400s (server/errors.py)."""
 
 from __future__ import annotations
 
 import email.message
 import json
-import json.scanner
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -23,9 +23,9 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
 from kvledger.config.frontend import Limits
+from server.body_screen import SCREEN_BYTES, screen
 from server.errors import APIError
 from server.offload import off_loop
-from server.prebound import prebound
 
 
 class OffLoopBodyRoute(APIRoute):
@@ -42,35 +42,20 @@ class OffLoopBodyRoute(APIRoute):
             if raw and _is_json(request):
                 # Starlette's Request.json() returns what is stored here; FastAPI calls it.
                 limits = request.app.state.settings.limits
-                request._json = await off_loop(request, parsed, model, raw, limits)
+                request._json = await parsed_off_loop(request, model, raw, limits)
             return await handler(request)
 
         return parse_then_handle
 
 
 def parsed(model: type[BaseModel], raw: bytes, limits: Limits) -> Any:
-    """The body as a validated model, or FastAPI's RequestValidationError for it. Its lists
-    are counted (server/prebound.py) before pydantic, a single call that holds the GIL, sees
-    them."""
+    """The body as a validated model, or FastAPI's RequestValidationError for it. It is
+    screened (server/body_screen.py: its lists counted, its values bounded) before pydantic,
+    a single call that holds the GIL, sees it."""
     try:
-        data = _decode(raw)
+        data = screen(raw, limits)
     except json.JSONDecodeError as err:
-        raise RequestValidationError(
-            [
-                {
-                    "type": "json_invalid",
-                    "loc": ("body", err.pos),
-                    "msg": "JSON decode error",
-                    "input": {},
-                    "ctx": {"error": err.msg},
-                }
-            ],
-            body=err.doc,
-        ) from None
-    except (RecursionError, UnicodeDecodeError) as err:
-        why = "nested too deeply" if isinstance(err, RecursionError) else "not UTF-8 text"
-        raise APIError(400, f"The request body is not valid JSON: {why}.") from None
-    prebound(data, limits)
+        raise invalid_json(err) from None
     try:
         return model.model_validate(data)
     except ValidationError as err:
@@ -80,25 +65,28 @@ def parsed(model: type[BaseModel], raw: bytes, limits: Limits) -> Any:
         raise APIError(400, "The request body is nested too deeply.") from None
 
 
-def _decode(raw: bytes) -> Any:
-    """Bodies up to SMALL_BODY_BYTES: json.loads (one short C call). Larger ones: the same
-    decoder with Python's own scanner, so that the thread parsing them lets the event loop
-    run every few milliseconds (the C scanner holds the GIL for the whole body); their
-    strings are still read by the C string scanner."""
-    if len(raw) <= SMALL_BODY_BYTES:
-        return json.loads(raw)
-    text = raw.decode(json.detect_encoding(raw))
-    return _PYTHON_DECODER.decode(text)
+def invalid_json(err: json.JSONDecodeError) -> RequestValidationError:
+    """FastAPI's own error for a body that is not JSON."""
+    error = {
+        "type": "json_invalid",
+        "loc": ("body", err.pos),
+        "msg": "JSON decode error",
+        "input": {},
+        "ctx": {"error": err.msg},
+    }
+    return RequestValidationError([error], body=err.doc)
 
 
-def _python_decoder() -> json.JSONDecoder:
-    decoder = json.JSONDecoder()
-    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
-    return decoder
-
-
-SMALL_BODY_BYTES = 512 * 1024
-_PYTHON_DECODER = _python_decoder()
+async def parsed_off_loop(
+    request: Request, model: type[BaseModel], raw: bytes, limits: Limits
+) -> Any:
+    """A large body is screened by the child first; then any body is parsed in a thread."""
+    if len(raw) > SCREEN_BYTES:
+        try:
+            await request.app.state.body_screen.check(raw, limits)
+        except json.JSONDecodeError as err:
+            raise invalid_json(err) from None
+    return await off_loop(request, parsed, model, raw, limits)
 
 
 def _body_model(route: APIRoute) -> type[BaseModel] | None:

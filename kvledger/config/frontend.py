@@ -66,6 +66,11 @@ class Limits(GrammarLimits):
         "most token ids in one request's prompts (completions, embeddings) or tokens "
         "(/detokenize); each prompt must also fit its model's context",
     )
+    max_json_values: int = option(
+        262144,
+        "most JSON values in one request body (numbers, strings, lists, objects and nulls; "
+        "object keys not counted)",
+    )
     max_name_length: int = option(
         256, "longest model name, user, cache_salt and message name in a request"
     )

@@ -154,7 +154,8 @@ def test_a_lone_surrogate_in_template_kwargs_is_a_400(http):
 def _heavy_bodies() -> list[tuple[str, bytes]]:
     """The heaviest body each route takes (at its limits: parsed, validated, rendered and
     tokenized, then refused for the context or answered without generating, so that only the
-    frontend works on them), and the red team's 4 MB ones."""
+    frontend works on them), and the red team's 4 MB ones (a million empty lists: the slowest
+    4 MB of JSON to parse)."""
     line = {"role": "user", "content": "a ledger line"}
     empty = {"role": "user", "content": ""}
     bodies: list[tuple[str, object]] = [
@@ -166,6 +167,7 @@ def _heavy_bodies() -> list[tuple[str, bytes]]:
         ("/detokenize", {"model": MODEL, "tokens": [1] * 2_000_000}),
         ("/v1/completions", {"model": MODEL, "prompt": [[2000] * 2048] * 32, "max_tokens": 1}),
         ("/v1/completions", {"model": MODEL, "prompt": FOUR_MB_TEXT, "max_tokens": 1}),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [line], "x": [[]] * 1_300_000}),
     ]
     return [(path, json.dumps(body, separators=(",", ":")).encode()) for path, body in bodies]
 
