@@ -236,8 +236,8 @@ def load_chat_template(model_dir: str | Path, override: str | None = None) -> Ch
         source = _template_text(override) if override else found.chat_template
         return ChatTemplate(source, found.special_tokens) if source else None
     directory = Path(model_dir)
-    config = _read_json(directory / "tokenizer_config.json")
-    specials = _special_tokens(config, _read_json(directory / "special_tokens_map.json"))
+    config = read_json_object(directory / "tokenizer_config.json")
+    specials = _special_tokens(config, read_json_object(directory / "special_tokens_map.json"))
     source = _template_text(override) if override else _directory_template(directory, config)
     return ChatTemplate(source, specials) if source else None
 
@@ -287,7 +287,8 @@ def _special_tokens(config: dict[str, Any], token_map: dict[str, Any]) -> dict[s
     return out
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file's object; {} for a file that cannot be read or holds something else."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -119,20 +119,24 @@ def refuse_unsupported(body: SamplingRequest) -> None:
         if value is not None and value is not False and value != [] and value != {}:
             raise APIError(400, f"`{name}` is not supported by this server", param=name)
     for name, no_ops in NOT_IMPLEMENTED_UNLESS.items():
-        value = extra.get(name)
-        if not any(_same(value, no_op) for no_op in no_ops):
-            accepted = ", ".join(json.dumps(v) for v in no_ops)
-            raise APIError(
-                400,
-                f"`{name}`: {json.dumps(value)[:64]} is not supported by this server "
-                f"(accepted: {accepted})",
-                param=name,
-            )
+        refuse_unless_no_op(name, extra.get(name), no_ops)
     if body.best_of is not None and body.best_of != body.n:
         raise APIError(
             400, "best_of is not supported by this server (only best_of equal to n)",
             param="best_of",
         )  # fmt: skip
+
+
+def refuse_unless_no_op(name: str, value: object, no_ops: tuple[object, ...]) -> None:
+    """A 400 naming field `name` unless its value is one that asks for nothing."""
+    if not any(_same(value, no_op) for no_op in no_ops):
+        accepted = ", ".join(json.dumps(v) for v in no_ops)
+        raise APIError(
+            400,
+            f"`{name}`: {json.dumps(value)[:64]} is not supported by this server "
+            f"(accepted: {accepted})",
+            param=name,
+        )
 
 
 def _same(value: object, no_op: object) -> bool:

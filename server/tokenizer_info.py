@@ -11,7 +11,6 @@ which fails offline. A GGUF file's configuration is the one `kvledger export-tok
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from kvledger.export_tokenizer import tokenizer_config
 from kvledger.gguf_file import GGUFError, is_gguf
 from kvledger.gguf_tokenizer import load_gguf_tokenizer
+from server.chat_template import read_json_object
 from server.client import ServedModel
 
 # server paths, not configuration: a client has no use for them
@@ -60,18 +60,10 @@ def _config(source: str) -> dict[str, Any]:
         except GGUFError:
             return {}
     directory = Path(source)
-    config = _read_json(directory / "tokenizer_config.json")
-    for name, value in _read_json(directory / "special_tokens_map.json").items():
+    config = read_json_object(directory / "tokenizer_config.json")
+    for name, value in read_json_object(directory / "special_tokens_map.json").items():
         config.setdefault(name, value)
     return config
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _plain(value: object) -> object:

@@ -50,6 +50,7 @@ from server.anthropic.protocol import (
 from server.bounds import check_count, check_nested
 from server.chat_protocol import ChatCompletionRequest
 from server.errors import APIError
+from server.sampling import refuse_unless_no_op
 from server.tools import MAX_SCHEMA_DEPTH
 
 SERVED_BLOCKS = "text, tool_use and tool_result"
@@ -92,15 +93,7 @@ def refuse_no_ops(body: CountTokensRequest) -> None:
     """A field of Anthropic's this server does not implement, set to anything but a value that
     asks for nothing, is a 400 naming it: a reply that ignored it is not what was asked."""
     for name, no_ops in NO_OPS.items():
-        value = getattr(body, name, None)
-        if not any(type(value) is type(n) and value == n for n in no_ops):
-            accepted = ", ".join(json.dumps(v) for v in no_ops)
-            raise APIError(
-                400,
-                f"`{name}`: {json.dumps(value)[:64]} is not supported by this server "
-                f"(accepted: {accepted})",
-                param=name,
-            )
+        refuse_unless_no_op(name, getattr(body, name, None), no_ops)
 
 
 def check_counts(body: CountTokensRequest, limits: Limits) -> None:

@@ -31,33 +31,37 @@ USER = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 STREAMED = {"stream": True}
 
-# field: (decision, the value sent, what else the request needs, no-op values of a REFUSED one)
-CHAT: dict[str, tuple] = {
-    "messages": (SERVED, USER, {}),
-    "model": (SERVED, "m", {}),
+# field: (decision, the value sent, what else the request needs, no-op values of a REFUSED one);
+# first the decisions chat and completions share
+COMMON: dict[str, tuple] = {
     "frequency_penalty": (SERVED, 0.5, {}),
     "logit_bias": (SERVED, {"5": 1}, {}),
-    "logprobs": (SERVED, True, {}),
-    "max_completion_tokens": (SERVED, 2, {}),
     "max_tokens": (SERVED, 2, {}),
     "n": (SERVED, 2, {}),
-    "parallel_tool_calls": (SERVED, False, {}),
     "presence_penalty": (SERVED, 0.5, {}),
-    "response_format": (SERVED, {"type": "text"}, {}),
     "seed": (SERVED, 1, {}),
     "stop": (SERVED, ["x"], {}),
     "stream": (SERVED, True, {}),
     "stream_options": (SERVED, {"include_usage": True}, STREAMED),
     "stream_options.include_usage": (SERVED, {"include_usage": False}, STREAMED),
     "temperature": (SERVED, 0.5, {}),
+    "top_p": (SERVED, 0.5, {}),
+    "user": (IGNORED, "u", {}),
+}
+CHAT: dict[str, tuple] = {
+    **COMMON,
+    "messages": (SERVED, USER, {}),
+    "model": (SERVED, "m", {}),
+    "logprobs": (SERVED, True, {}),
+    "max_completion_tokens": (SERVED, 2, {}),
+    "parallel_tool_calls": (SERVED, False, {}),
+    "response_format": (SERVED, {"type": "text"}, {}),
     "tool_choice": (SERVED, "none", {"tools": [TOOL]}),
     "tools": (SERVED, [TOOL], {"tool_choice": "none"}),
     "top_logprobs": (SERVED, 2, {"logprobs": True}),
-    "top_p": (SERVED, 0.5, {}),
     "metadata": (IGNORED, {"k": "v"}, {}),
     "prompt_cache_key": (IGNORED, "k", {}),
     "safety_identifier": (IGNORED, "s", {}),
-    "user": (IGNORED, "u", {}),
     "audio": (REFUSED, {"voice": "alloy", "format": "wav"}, {}, [None]),
     "function_call": (REFUSED, "auto", {}, [None, "none"]),
     "functions": (REFUSED, [{"name": "f"}], {}, [None, []]),
@@ -79,27 +83,16 @@ CHAT: dict[str, tuple] = {
     ),  # fmt: skip
 }
 COMPLETIONS: dict[str, tuple] = {
+    **COMMON,
     "model": (SERVED, "m", {}),
     "prompt": (SERVED, "hi", {}),
     "echo": (SERVED, True, {}),
-    "frequency_penalty": (SERVED, 0.5, {}),
-    "logit_bias": (SERVED, {"5": 1}, {}),
     "logprobs": (SERVED, 2, {}),
-    "max_tokens": (SERVED, 2, {}),
-    "n": (SERVED, 2, {}),
-    "presence_penalty": (SERVED, 0.5, {}),
-    "seed": (SERVED, 1, {}),
-    "stop": (SERVED, ["x"], {}),
-    "stream": (SERVED, True, {}),
-    "stream_options": (SERVED, {"include_usage": True}, STREAMED),
-    "stream_options.include_usage": (SERVED, {"include_usage": False}, STREAMED),
-    "temperature": (SERVED, 0.5, {}),
-    "top_p": (SERVED, 0.5, {}),
-    "user": (IGNORED, "u", {}),
     "best_of": (REFUSED, 3, {}, [None, 1]),  # only best_of equal to n
     "suffix": (REFUSED, " the end", {}, [None, ""]),
     "stream_options.include_obfuscation": CHAT["stream_options.include_obfuscation"],
 }
+
 # the chat fields kvledger refuses are refused on completions too, never ignored there
 SHARED_REFUSALS = ("reasoning_effort", "service_tier", "store", "verbosity", "prediction")
 
