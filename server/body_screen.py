@@ -26,6 +26,7 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -102,9 +103,11 @@ def screened_in_child(raw: bytes, limits: Limits) -> Refusal | None:
 
 
 def _child_start(parent: int) -> None:
-    """The child runs below the frontend's priority, and ends when the frontend does, however
-    it ended (the child holds its own end of the request pipe, so it would not see EOF)."""
+    """The child runs below the frontend's priority, leaves Ctrl-C (sent to the whole process
+    group) to the frontend, which stops it, and ends when the frontend does, however that
+    ended (the child holds its own end of the request pipe, so it would not see EOF)."""
     os.nice(NICENESS)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -141,8 +144,10 @@ class BodyScreen:
         raise APIError(400, "The request body could not be parsed: its parser process died.")
 
     def close(self) -> None:
+        """Waits for the child to end (at most the body it is screening), so that its pipes
+        and locks are released before the frontend exits."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
     def _executor(self) -> ProcessPoolExecutor:

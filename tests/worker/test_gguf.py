@@ -95,7 +95,8 @@ def test_logits_and_greedy_equal_transformers_gguf(gguf_file, type_name: str) ->
     runner = make_runner(path)
     with torch.no_grad():
         theirs = hf(torch.tensor([tokens])).logits[0].float()
-    torch.testing.assert_close(full_logits(runner, tokens), theirs, atol=ATOL, rtol=0)
+    # rtol: float32's own (torch's default), for the largest logits of random weights
+    torch.testing.assert_close(full_logits(runner, tokens), theirs, atol=ATOL, rtol=1.3e-6)
     prompt = tokens[:7]
     assert greedy(make_runner(path, block_size=8), prompt, 24) == hf_greedy(hf, prompt, 24)
 
