@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15protos/frontend.proto\x12\x11kvledger.frontend\"\xe7\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x10\n\x08logprobs\x18\t \x01(\x05\x12\x1c\n\x0fprompt_logprobs\x18\n \x01(\rH\x01\x88\x01\x01\x12\x44\n\nlogit_bias\x18\x0b \x03(\x0b\x32\x30.kvledger.frontend.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x0c \x01(\r\x12\x1d\n\x15min_tokens_masked_ids\x18\r \x03(\r\x12\x37\n\nstructured\x18\x0e \x01(\x0b\x32#.kvledger.frontend.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x12\n\x10_prompt_logprobs\".\n\x10StructuredOutput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04spec\x18\x02 \x01(\t\"b\n\x0cStopCriteria\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\r\x12\x12\n\nignore_eos\x18\x03 \x01(\x08\x12\x12\n\nmin_tokens\x18\x04 \x01(\r\"\x9e\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x33\n\x08sampling\x18\x04 \x01(\x0b\x32!.kvledger.frontend.SamplingParams\x12-\n\x04stop\x18\x05 \x01(\x0b\x32\x1f.kvledger.frontend.StopCriteria\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x19\n\x11skip_prefix_cache\x18\x08 \x01(\x08\x12\x0e\n\x06tenant\x18\t \x01(\t\x12\x19\n\x11resumed_token_ids\x18\n \x03(\r\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"]\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12*\n\x03top\x18\x03 \x03(\x0b\x32\x1d.kvledger.frontend.TopLogprob\"\xf0\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x03 \x01(\r\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x31\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\x12\x38\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x95\x01\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12+\n\x06inputs\x18\x03 \x03(\x0b\x32\x1b.kvledger.frontend.TokenIds\x12\x11\n\tnormalize\x18\x04 \x01(\x08\x12\x12\n\ndimensions\x18\x05 \x01(\r\x12\x0e\n\x06tenant\x18\x06 \x01(\t\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\\\n\rEmbedResponse\x12\x30\n\nembeddings\x18\x01 \x03(\x0b\x32\x1c.kvledger.frontend.Embedding\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\"2\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x13\n\x11ListModelsRequest\"\xf4\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x04kind\x18\x02 \x01(\x0e\x32\x1c.kvledger.frontend.ModelKind\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x15\n\reos_token_ids\x18\x06 \x03(\r\x12\x13\n\x0bnum_workers\x18\x07 \x01(\r\x12\x12\n\nblock_size\x18\x08 \x01(\r\x12\x16\n\x0e\x65mbedding_size\x18\t \x01(\r\x12\x16\n\x0etokenizer_path\x18\n \x01(\t\"B\n\x12ListModelsResponse\x12,\n\x06models\x18\x01 \x03(\x0b\x32\x1c.kvledger.frontend.ModelInfo\"\x19\n\x17ResetPrefixCacheRequest\")\n\x18ResetPrefixCacheResponse\x12\r\n\x05reset\x18\x01 \x01(\x08*V\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MODEL_KIND_GENERATE\x10\x01\x12\x14\n\x10MODEL_KIND_EMBED\x10\x02\x32\xc2\x03\n\tScheduler\x12U\n\x08Generate\x12\".kvledger.frontend.GenerateRequest\x1a#.kvledger.frontend.GenerateResponse0\x01\x12J\n\x05\x45mbed\x12\x1f.kvledger.frontend.EmbedRequest\x1a .kvledger.frontend.EmbedResponse\x12J\n\x05\x41\x62ort\x12\x1f.kvledger.frontend.AbortRequest\x1a .kvledger.frontend.AbortResponse\x12Y\n\nListModels\x12$.kvledger.frontend.ListModelsRequest\x1a%.kvledger.frontend.ListModelsResponse\x12k\n\x10ResetPrefixCache\x12*.kvledger.frontend.ResetPrefixCacheRequest\x1a+.kvledger.frontend.ResetPrefixCacheResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15protos/frontend.proto\x12\x11kvledger.frontend\"\xe7\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x05 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x06 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x10\n\x08logprobs\x18\t \x01(\x05\x12\x1c\n\x0fprompt_logprobs\x18\n \x01(\rH\x01\x88\x01\x01\x12\x44\n\nlogit_bias\x18\x0b \x03(\x0b\x32\x30.kvledger.frontend.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x0c \x01(\r\x12\x1d\n\x15min_tokens_masked_ids\x18\r \x03(\r\x12\x37\n\nstructured\x18\x0e \x01(\x0b\x32#.kvledger.frontend.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x12\n\x10_prompt_logprobs\".\n\x10StructuredOutput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04spec\x18\x02 \x01(\t\"b\n\x0cStopCriteria\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x02 \x03(\r\x12\x12\n\nignore_eos\x18\x03 \x01(\x08\x12\x12\n\nmin_tokens\x18\x04 \x01(\r\"\x9e\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x33\n\x08sampling\x18\x04 \x01(\x0b\x32!.kvledger.frontend.SamplingParams\x12-\n\x04stop\x18\x05 \x01(\x0b\x32\x1f.kvledger.frontend.StopCriteria\x12\x12\n\ncache_salt\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x19\n\x11skip_prefix_cache\x18\x08 \x01(\x08\x12\x0e\n\x06tenant\x18\t \x01(\t\x12\x19\n\x11resumed_token_ids\x18\n \x03(\r\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"]\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12*\n\x03top\x18\x03 \x03(\x0b\x32\x1d.kvledger.frontend.TopLogprob\"\xf0\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x03 \x01(\r\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x31\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\x12\x38\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\"+\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x12\n\ntype_start\x18\x02 \x01(\r\"\x95\x01\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12+\n\x06inputs\x18\x03 \x03(\x0b\x32\x1b.kvledger.frontend.TokenIds\x12\x11\n\tnormalize\x18\x04 \x01(\x08\x12\x12\n\ndimensions\x18\x05 \x01(\r\x12\x0e\n\x06tenant\x18\x06 \x01(\t\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\\\n\rEmbedResponse\x12\x30\n\nembeddings\x18\x01 \x03(\x0b\x32\x1c.kvledger.frontend.Embedding\x12\x19\n\x11num_prompt_tokens\x18\x02 \x01(\r\"2\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x13\n\x11ListModelsRequest\"\x88\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\x04kind\x18\x02 \x01(\x0e\x32\x1c.kvledger.frontend.ModelKind\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x15\n\reos_token_ids\x18\x06 \x03(\r\x12\x13\n\x0bnum_workers\x18\x07 \x01(\r\x12\x12\n\nblock_size\x18\x08 \x01(\r\x12\x16\n\x0e\x65mbedding_size\x18\t \x01(\r\x12\x16\n\x0etokenizer_path\x18\n \x01(\t\x12\x12\n\nnum_labels\x18\x0b \x01(\r\"B\n\x12ListModelsResponse\x12,\n\x06models\x18\x01 \x03(\x0b\x32\x1c.kvledger.frontend.ModelInfo\"\x19\n\x17ResetPrefixCacheRequest\")\n\x18ResetPrefixCacheResponse\x12\r\n\x05reset\x18\x01 \x01(\x08*V\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MODEL_KIND_GENERATE\x10\x01\x12\x14\n\x10MODEL_KIND_EMBED\x10\x02\x32\xc2\x03\n\tScheduler\x12U\n\x08Generate\x12\".kvledger.frontend.GenerateRequest\x1a#.kvledger.frontend.GenerateResponse0\x01\x12J\n\x05\x45mbed\x12\x1f.kvledger.frontend.EmbedRequest\x1a .kvledger.frontend.EmbedResponse\x12J\n\x05\x41\x62ort\x12\x1f.kvledger.frontend.AbortRequest\x1a .kvledger.frontend.AbortResponse\x12Y\n\nListModels\x12$.kvledger.frontend.ListModelsRequest\x1a%.kvledger.frontend.ListModelsResponse\x12k\n\x10ResetPrefixCache\x12*.kvledger.frontend.ResetPrefixCacheRequest\x1a+.kvledger.frontend.ResetPrefixCacheResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_MODELKIND']._serialized_start=2150
-  _globals['_MODELKIND']._serialized_end=2236
+  _globals['_MODELKIND']._serialized_start=2190
+  _globals['_MODELKIND']._serialized_end=2276
   _globals['_SAMPLINGPARAMS']._serialized_start=45
   _globals['_SAMPLINGPARAMS']._serialized_end=532
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=455
@@ -52,27 +52,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATERESPONSE']._serialized_start=1116
   _globals['_GENERATERESPONSE']._serialized_end=1356
   _globals['_TOKENIDS']._serialized_start=1358
-  _globals['_TOKENIDS']._serialized_end=1381
-  _globals['_EMBEDREQUEST']._serialized_start=1384
-  _globals['_EMBEDREQUEST']._serialized_end=1533
-  _globals['_EMBEDDING']._serialized_start=1535
-  _globals['_EMBEDDING']._serialized_end=1562
-  _globals['_EMBEDRESPONSE']._serialized_start=1564
-  _globals['_EMBEDRESPONSE']._serialized_end=1656
-  _globals['_ABORTREQUEST']._serialized_start=1658
-  _globals['_ABORTREQUEST']._serialized_end=1708
-  _globals['_ABORTRESPONSE']._serialized_start=1710
-  _globals['_ABORTRESPONSE']._serialized_end=1742
-  _globals['_LISTMODELSREQUEST']._serialized_start=1744
-  _globals['_LISTMODELSREQUEST']._serialized_end=1763
-  _globals['_MODELINFO']._serialized_start=1766
-  _globals['_MODELINFO']._serialized_end=2010
-  _globals['_LISTMODELSRESPONSE']._serialized_start=2012
-  _globals['_LISTMODELSRESPONSE']._serialized_end=2078
-  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=2080
-  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=2105
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=2107
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=2148
-  _globals['_SCHEDULER']._serialized_start=2239
-  _globals['_SCHEDULER']._serialized_end=2689
+  _globals['_TOKENIDS']._serialized_end=1401
+  _globals['_EMBEDREQUEST']._serialized_start=1404
+  _globals['_EMBEDREQUEST']._serialized_end=1553
+  _globals['_EMBEDDING']._serialized_start=1555
+  _globals['_EMBEDDING']._serialized_end=1582
+  _globals['_EMBEDRESPONSE']._serialized_start=1584
+  _globals['_EMBEDRESPONSE']._serialized_end=1676
+  _globals['_ABORTREQUEST']._serialized_start=1678
+  _globals['_ABORTREQUEST']._serialized_end=1728
+  _globals['_ABORTRESPONSE']._serialized_start=1730
+  _globals['_ABORTRESPONSE']._serialized_end=1762
+  _globals['_LISTMODELSREQUEST']._serialized_start=1764
+  _globals['_LISTMODELSREQUEST']._serialized_end=1783
+  _globals['_MODELINFO']._serialized_start=1786
+  _globals['_MODELINFO']._serialized_end=2050
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2052
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2118
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=2120
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=2145
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=2147
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=2188
+  _globals['_SCHEDULER']._serialized_start=2279
+  _globals['_SCHEDULER']._serialized_end=2729
 # @@protoc_insertion_point(module_scope)

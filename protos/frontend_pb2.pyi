@@ -136,10 +136,12 @@ class GenerateResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., finish_reason: _Optional[str] = ..., message: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class TokenIds(_message.Message):
-    __slots__ = ("ids",)
+    __slots__ = ("ids", "type_start")
     IDS_FIELD_NUMBER: _ClassVar[int]
+    TYPE_START_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    type_start: int
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., type_start: _Optional[int] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
     __slots__ = ("request_id", "model", "inputs", "normalize", "dimensions", "tenant")
@@ -190,7 +192,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "kind", "model_path", "max_model_len", "vocab_size", "eos_token_ids", "num_workers", "block_size", "embedding_size", "tokenizer_path")
+    __slots__ = ("name", "kind", "model_path", "max_model_len", "vocab_size", "eos_token_ids", "num_workers", "block_size", "embedding_size", "tokenizer_path", "num_labels")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +203,7 @@ class ModelInfo(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_PATH_FIELD_NUMBER: _ClassVar[int]
+    NUM_LABELS_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: ModelKind
     model_path: str
@@ -211,7 +214,8 @@ class ModelInfo(_message.Message):
     block_size: int
     embedding_size: int
     tokenizer_path: str
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[ModelKind, str]] = ..., model_path: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_workers: _Optional[int] = ..., block_size: _Optional[int] = ..., embedding_size: _Optional[int] = ..., tokenizer_path: _Optional[str] = ...) -> None: ...
+    num_labels: int
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[ModelKind, str]] = ..., model_path: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_workers: _Optional[int] = ..., block_size: _Optional[int] = ..., embedding_size: _Optional[int] = ..., tokenizer_path: _Optional[str] = ..., num_labels: _Optional[int] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)

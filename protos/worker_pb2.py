@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import frontend_pb2 as protos_dot_frontend__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/worker.proto\x12\x0fkvledger.worker\x1a\x15protos/frontend.proto\"}\n\rWorkerMessage\x12\x35\n\x0cregistration\x18\x01 \x01(\x0b\x32\x1d.kvledger.worker.RegistrationH\x00\x12-\n\x06result\x18\x02 \x01(\x0b\x32\x1b.kvledger.worker.StepResultH\x00\x42\x06\n\x04kind\"\xbf\x02\n\x0cRegistration\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12*\n\x04kind\x18\x04 \x01(\x0e\x32\x1c.kvledger.frontend.ModelKind\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x12\n\nnum_blocks\x18\x06 \x01(\r\x12\x15\n\rmax_model_len\x18\x07 \x01(\r\x12\x12\n\nvocab_size\x18\x08 \x01(\r\x12\x15\n\reos_token_ids\x18\t \x03(\r\x12\x12\n\nauth_token\x18\n \x01(\t\x12\x16\n\x0e\x65mbedding_size\x18\x0b \x01(\r\x12\x1a\n\x12max_steps_per_plan\x18\x0c \x01(\r\x12\x16\n\x0etokenizer_path\x18\r \x01(\t\"+\n\tBlockHash\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\r\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\"\xd8\x02\n\nNewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x11\n\tblock_ids\x18\x03 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x01(\r\x12\x19\n\x11num_prompt_tokens\x18\x06 \x01(\r\x12\x33\n\x08sampling\x18\x07 \x01(\x0b\x32!.kvledger.frontend.SamplingParams\x12+\n\x07\x63laimed\x18\x08 \x03(\x0b\x32\x1a.kvledger.worker.BlockHash\x12+\n\x07written\x18\t \x03(\x0b\x32\x1a.kvledger.worker.BlockHash\x12+\n\x05\x65mbed\x18\n \x01(\x0b\x32\x1c.kvledger.worker.EmbedParams\"4\n\x0b\x45mbedParams\x12\x11\n\tnormalize\x18\x01 \x01(\x08\x12\x12\n\ndimensions\x18\x02 \x01(\r\"\xa4\x01\n\x0f\x43ontinueRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rnew_block_ids\x18\x02 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x03 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x04 \x01(\r\x12+\n\x07written\x18\x05 \x03(\x0b\x32\x1a.kvledger.worker.BlockHash\"\xc2\x01\n\x04Plan\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x31\n\x0cnew_requests\x18\x02 \x03(\x0b\x32\x1b.kvledger.worker.NewRequest\x12\x34\n\ncontinuing\x18\x03 \x03(\x0b\x32 .kvledger.worker.ContinueRequest\x12\x1b\n\x13\x64ropped_request_ids\x18\x04 \x03(\t\x12#\n\x04then\x18\x05 \x03(\x0b\x32\x15.kvledger.worker.Plan\"f\n\x0cSampledToken\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\x12\x30\n\x07logprob\x18\x03 \x01(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\"e\n\x0ePromptLogprobs\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\r\x12\x30\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\"3\n\x0cRequestError\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"6\n\x10RequestEmbedding\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\x02\"\xc3\x03\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12.\n\x07sampled\x18\x02 \x03(\x0b\x32\x1d.kvledger.worker.SampledToken\x12-\n\x06\x65rrors\x18\x03 \x03(\x0b\x32\x1d.kvledger.worker.RequestError\x12\x35\n\nembeddings\x18\x04 \x03(\x0b\x32!.kvledger.worker.RequestEmbedding\x12\x19\n\x11stale_request_ids\x18\x05 \x03(\t\x12*\n\x06stored\x18\x06 \x03(\x0b\x32\x1a.kvledger.worker.BlockHash\x12\x19\n\x11removed_block_ids\x18\x07 \x03(\r\x12\x13\n\x0b\x61ll_cleared\x18\x08 \x01(\x08\x12\x14\n\x0cstep_seconds\x18\t \x01(\x01\x12\x38\n\x0fprompt_logprobs\x18\n \x03(\x0b\x32\x1f.kvledger.worker.PromptLogprobs\x12)\n\x04then\x18\x0b \x03(\x0b\x32\x1b.kvledger.worker.StepResult\x12\x1c\n\x14\x64\x65\x66\x65rred_request_ids\x18\x0c \x03(\t2R\n\nWorkerLink\x12\x44\n\x07\x43onnect\x12\x1e.kvledger.worker.WorkerMessage\x1a\x15.kvledger.worker.Plan(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/worker.proto\x12\x0fkvledger.worker\x1a\x15protos/frontend.proto\"}\n\rWorkerMessage\x12\x35\n\x0cregistration\x18\x01 \x01(\x0b\x32\x1d.kvledger.worker.RegistrationH\x00\x12-\n\x06result\x18\x02 \x01(\x0b\x32\x1b.kvledger.worker.StepResultH\x00\x42\x06\n\x04kind\"\xd3\x02\n\x0cRegistration\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x12\n\nmodel_path\x18\x03 \x01(\t\x12*\n\x04kind\x18\x04 \x01(\x0e\x32\x1c.kvledger.frontend.ModelKind\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x12\n\nnum_blocks\x18\x06 \x01(\r\x12\x15\n\rmax_model_len\x18\x07 \x01(\r\x12\x12\n\nvocab_size\x18\x08 \x01(\r\x12\x15\n\reos_token_ids\x18\t \x03(\r\x12\x12\n\nauth_token\x18\n \x01(\t\x12\x16\n\x0e\x65mbedding_size\x18\x0b \x01(\r\x12\x1a\n\x12max_steps_per_plan\x18\x0c \x01(\r\x12\x16\n\x0etokenizer_path\x18\r \x01(\t\x12\x12\n\nnum_labels\x18\x0e \x01(\r\"+\n\tBlockHash\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\r\x12\x0c\n\x04hash\x18\x02 \x01(\x0c\"\xd8\x02\n\nNewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x11\n\tblock_ids\x18\x03 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x01(\r\x12\x19\n\x11num_prompt_tokens\x18\x06 \x01(\r\x12\x33\n\x08sampling\x18\x07 \x01(\x0b\x32!.kvledger.frontend.SamplingParams\x12+\n\x07\x63laimed\x18\x08 \x03(\x0b\x32\x1a.kvledger.worker.BlockHash\x12+\n\x07written\x18\t \x03(\x0b\x32\x1a.kvledger.worker.BlockHash\x12+\n\x05\x65mbed\x18\n \x01(\x0b\x32\x1c.kvledger.worker.EmbedParams\"H\n\x0b\x45mbedParams\x12\x11\n\tnormalize\x18\x01 \x01(\x08\x12\x12\n\ndimensions\x18\x02 \x01(\r\x12\x12\n\ntype_start\x18\x03 \x01(\r\"\xa4\x01\n\x0f\x43ontinueRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rnew_block_ids\x18\x02 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x03 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x04 \x01(\r\x12+\n\x07written\x18\x05 \x03(\x0b\x32\x1a.kvledger.worker.BlockHash\"\xc2\x01\n\x04Plan\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x31\n\x0cnew_requests\x18\x02 \x03(\x0b\x32\x1b.kvledger.worker.NewRequest\x12\x34\n\ncontinuing\x18\x03 \x03(\x0b\x32 .kvledger.worker.ContinueRequest\x12\x1b\n\x13\x64ropped_request_ids\x18\x04 \x03(\t\x12#\n\x04then\x18\x05 \x03(\x0b\x32\x15.kvledger.worker.Plan\"f\n\x0cSampledToken\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\r\x12\x30\n\x07logprob\x18\x03 \x01(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\"e\n\x0ePromptLogprobs\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\r\x12\x30\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x1f.kvledger.frontend.TokenLogprob\"3\n\x0cRequestError\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"6\n\x10RequestEmbedding\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\x02\"\xc3\x03\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12.\n\x07sampled\x18\x02 \x03(\x0b\x32\x1d.kvledger.worker.SampledToken\x12-\n\x06\x65rrors\x18\x03 \x03(\x0b\x32\x1d.kvledger.worker.RequestError\x12\x35\n\nembeddings\x18\x04 \x03(\x0b\x32!.kvledger.worker.RequestEmbedding\x12\x19\n\x11stale_request_ids\x18\x05 \x03(\t\x12*\n\x06stored\x18\x06 \x03(\x0b\x32\x1a.kvledger.worker.BlockHash\x12\x19\n\x11removed_block_ids\x18\x07 \x03(\r\x12\x13\n\x0b\x61ll_cleared\x18\x08 \x01(\x08\x12\x14\n\x0cstep_seconds\x18\t \x01(\x01\x12\x38\n\x0fprompt_logprobs\x18\n \x03(\x0b\x32\x1f.kvledger.worker.PromptLogprobs\x12)\n\x04then\x18\x0b \x03(\x0b\x32\x1b.kvledger.worker.StepResult\x12\x1c\n\x14\x64\x65\x66\x65rred_request_ids\x18\x0c \x03(\t2R\n\nWorkerLink\x12\x44\n\x07\x43onnect\x12\x1e.kvledger.worker.WorkerMessage\x1a\x15.kvledger.worker.Plan(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,27 +35,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERMESSAGE']._serialized_start=63
   _globals['_WORKERMESSAGE']._serialized_end=188
   _globals['_REGISTRATION']._serialized_start=191
-  _globals['_REGISTRATION']._serialized_end=510
-  _globals['_BLOCKHASH']._serialized_start=512
-  _globals['_BLOCKHASH']._serialized_end=555
-  _globals['_NEWREQUEST']._serialized_start=558
-  _globals['_NEWREQUEST']._serialized_end=902
-  _globals['_EMBEDPARAMS']._serialized_start=904
-  _globals['_EMBEDPARAMS']._serialized_end=956
-  _globals['_CONTINUEREQUEST']._serialized_start=959
-  _globals['_CONTINUEREQUEST']._serialized_end=1123
-  _globals['_PLAN']._serialized_start=1126
-  _globals['_PLAN']._serialized_end=1320
-  _globals['_SAMPLEDTOKEN']._serialized_start=1322
-  _globals['_SAMPLEDTOKEN']._serialized_end=1424
-  _globals['_PROMPTLOGPROBS']._serialized_start=1426
-  _globals['_PROMPTLOGPROBS']._serialized_end=1527
-  _globals['_REQUESTERROR']._serialized_start=1529
-  _globals['_REQUESTERROR']._serialized_end=1580
-  _globals['_REQUESTEMBEDDING']._serialized_start=1582
-  _globals['_REQUESTEMBEDDING']._serialized_end=1636
-  _globals['_STEPRESULT']._serialized_start=1639
-  _globals['_STEPRESULT']._serialized_end=2090
-  _globals['_WORKERLINK']._serialized_start=2092
-  _globals['_WORKERLINK']._serialized_end=2174
+  _globals['_REGISTRATION']._serialized_end=530
+  _globals['_BLOCKHASH']._serialized_start=532
+  _globals['_BLOCKHASH']._serialized_end=575
+  _globals['_NEWREQUEST']._serialized_start=578
+  _globals['_NEWREQUEST']._serialized_end=922
+  _globals['_EMBEDPARAMS']._serialized_start=924
+  _globals['_EMBEDPARAMS']._serialized_end=996
+  _globals['_CONTINUEREQUEST']._serialized_start=999
+  _globals['_CONTINUEREQUEST']._serialized_end=1163
+  _globals['_PLAN']._serialized_start=1166
+  _globals['_PLAN']._serialized_end=1360
+  _globals['_SAMPLEDTOKEN']._serialized_start=1362
+  _globals['_SAMPLEDTOKEN']._serialized_end=1464
+  _globals['_PROMPTLOGPROBS']._serialized_start=1466
+  _globals['_PROMPTLOGPROBS']._serialized_end=1567
+  _globals['_REQUESTERROR']._serialized_start=1569
+  _globals['_REQUESTERROR']._serialized_end=1620
+  _globals['_REQUESTEMBEDDING']._serialized_start=1622
+  _globals['_REQUESTEMBEDDING']._serialized_end=1676
+  _globals['_STEPRESULT']._serialized_start=1679
+  _globals['_STEPRESULT']._serialized_end=2130
+  _globals['_WORKERLINK']._serialized_start=2132
+  _globals['_WORKERLINK']._serialized_end=2214
 # @@protoc_insertion_point(module_scope)

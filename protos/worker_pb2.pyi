@@ -16,7 +16,7 @@ class WorkerMessage(_message.Message):
     def __init__(self, registration: _Optional[_Union[Registration, _Mapping]] = ..., result: _Optional[_Union[StepResult, _Mapping]] = ...) -> None: ...
 
 class Registration(_message.Message):
-    __slots__ = ("worker_id", "model_name", "model_path", "kind", "block_size", "num_blocks", "max_model_len", "vocab_size", "eos_token_ids", "auth_token", "embedding_size", "max_steps_per_plan", "tokenizer_path")
+    __slots__ = ("worker_id", "model_name", "model_path", "kind", "block_size", "num_blocks", "max_model_len", "vocab_size", "eos_token_ids", "auth_token", "embedding_size", "max_steps_per_plan", "tokenizer_path", "num_labels")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class Registration(_message.Message):
     EMBEDDING_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_STEPS_PER_PLAN_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_PATH_FIELD_NUMBER: _ClassVar[int]
+    NUM_LABELS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model_name: str
     model_path: str
@@ -43,7 +44,8 @@ class Registration(_message.Message):
     embedding_size: int
     max_steps_per_plan: int
     tokenizer_path: str
-    def __init__(self, worker_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_path: _Optional[str] = ..., kind: _Optional[_Union[_frontend_pb2.ModelKind, str]] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., auth_token: _Optional[str] = ..., embedding_size: _Optional[int] = ..., max_steps_per_plan: _Optional[int] = ..., tokenizer_path: _Optional[str] = ...) -> None: ...
+    num_labels: int
+    def __init__(self, worker_id: _Optional[str] = ..., model_name: _Optional[str] = ..., model_path: _Optional[str] = ..., kind: _Optional[_Union[_frontend_pb2.ModelKind, str]] = ..., block_size: _Optional[int] = ..., num_blocks: _Optional[int] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., auth_token: _Optional[str] = ..., embedding_size: _Optional[int] = ..., max_steps_per_plan: _Optional[int] = ..., tokenizer_path: _Optional[str] = ..., num_labels: _Optional[int] = ...) -> None: ...
 
 class BlockHash(_message.Message):
     __slots__ = ("block_id", "hash")
@@ -78,12 +80,14 @@ class NewRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_frontend_pb2.SamplingParams, _Mapping]] = ..., claimed: _Optional[_Iterable[_Union[BlockHash, _Mapping]]] = ..., written: _Optional[_Iterable[_Union[BlockHash, _Mapping]]] = ..., embed: _Optional[_Union[EmbedParams, _Mapping]] = ...) -> None: ...
 
 class EmbedParams(_message.Message):
-    __slots__ = ("normalize", "dimensions")
+    __slots__ = ("normalize", "dimensions", "type_start")
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    TYPE_START_FIELD_NUMBER: _ClassVar[int]
     normalize: bool
     dimensions: int
-    def __init__(self, normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ...) -> None: ...
+    type_start: int
+    def __init__(self, normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ..., type_start: _Optional[int] = ...) -> None: ...
 
 class ContinueRequest(_message.Message):
     __slots__ = ("request_id", "new_block_ids", "num_computed_tokens", "num_scheduled_tokens", "written")

@@ -42,10 +42,11 @@ REGISTRATION_LIMITS = {
     "max_model_len": 1 << 24,
     "vocab_size": 1 << 24,
     "embedding_size": 1 << 16,
+    "num_labels": 1 << 16,
 }
 
 # What workers of one model name must agree on.
-INTERCHANGEABLE_FIELDS = ("kind", "vocab_size", "max_model_len", "embedding_size")
+INTERCHANGEABLE_FIELDS = ("kind", "vocab_size", "max_model_len", "embedding_size", "num_labels")
 
 
 def ledger_config(

@@ -76,11 +76,15 @@ class SchedulerServicer(frontend_pb2_grpc.SchedulerServicer):
     async def Embed(
         self, request: frontend_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> frontend_pb2.EmbedResponse:
-        params = worker_pb2.EmbedParams(normalize=request.normalize, dimensions=request.dimensions)
         base = request.request_id or uuid.uuid4().hex
         lives: list[LiveRequest] = []
         try:
             for i, item in enumerate(request.inputs):
+                params = worker_pb2.EmbedParams(
+                    normalize=request.normalize,
+                    dimensions=request.dimensions,
+                    type_start=item.type_start,  # a cross-encoder's text pair
+                )
                 lives.append(
                     await self._submit(
                         context,

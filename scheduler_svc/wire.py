@@ -187,6 +187,7 @@ def model_infos(registrations: Iterable[worker_pb2.Registration]) -> list[fronte
                 eos_token_ids=reg.eos_token_ids,
                 block_size=reg.block_size,
                 embedding_size=reg.embedding_size,
+                num_labels=reg.num_labels,
             )
         info.num_workers += 1
     return sorted(infos.values(), key=lambda m: m.name)

@@ -23,7 +23,16 @@ from server.errors import error_responses, install_error_handlers
 from server.grammar_sandbox import close_sandbox
 from server.limits import BodyDeadline, BodySizeLimit
 from server.offload import tokenize_slots
-from server.routes import chat, completions, embeddings, health, messages, models, tokenize
+from server.routes import (
+    chat,
+    completions,
+    embeddings,
+    health,
+    messages,
+    models,
+    rerank,
+    tokenize,
+)
 
 __all__ = ["Settings", "build_app"]
 
@@ -32,6 +41,7 @@ GUARDED: tuple[APIRouter, ...] = (
     completions.router,
     chat.router,
     embeddings.router,
+    rerank.router,
     models.router,
     tokenize.router,
 )

@@ -49,6 +49,21 @@ class ServedModel:
     def is_embedding(self) -> bool:
         return self.info.kind == frontend_pb2.MODEL_KIND_EMBED
 
+    @property
+    def is_cross_encoder(self) -> bool:
+        """A sequence classifier: it scores text pairs (rerank, score), it embeds nothing."""
+        return self.info.num_labels > 0
+
+    @functools.cached_property
+    def pair_tokenizer(self) -> Tokenizer:
+        """The tokenizer as sentence-transformers' `CrossEncoder` runs it on a text pair: both
+        texts with the pair's special tokens and token types, truncated longest text first to
+        the model's length (a copy: the shared one never truncates)."""
+        tokenizer = Tokenizer.from_str(self.tokenizer.to_str())
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(self.info.max_model_len, strategy="longest_first")
+        return tokenizer
+
     @functools.cached_property
     def max_prompt_chars(self) -> int:
         """Characters past which a text cannot fit the context, whatever it says: each token

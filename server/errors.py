@@ -185,8 +185,8 @@ def _union_tag(part: object) -> bool:
 # /v1/responses, is named as such rather than a bare "Not Found").
 SERVED_ROUTES = (
     "served: /v1/completions, /v1/chat/completions, /v1/messages, /v1/messages/count_tokens, "
-    "/v1/embeddings, /v1/models, /tokenize, /detokenize, /tokenizer_info, /health, /version, "
-    "/metrics"
+    "/v1/embeddings, /rerank, /v1/rerank, /v2/rerank, /score, /v1/score, /v1/models, "
+    "/tokenize, /detokenize, /tokenizer_info, /health, /version, /metrics"
 )
 
 

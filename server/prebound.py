@@ -16,7 +16,8 @@ from server.bounds import check_count
 
 def prebound(data: Any, limits: Limits) -> None:
     """400 naming the first top-level list past its limit: messages (and the content parts in
-    them), stop strings and ids, logit_bias, prompts and the token ids in them, tokens."""
+    them), stop strings and ids, logit_bias, a cross-encoder's texts, prompts and the token
+    ids in them, tokens."""
     if not isinstance(data, dict):
         return
     messages = data.get("messages")
@@ -33,6 +34,10 @@ def prebound(data: Any, limits: Limits) -> None:
         value = data.get(field)
         if isinstance(value, list | dict):
             check_count(len(value), limit, field, what)
+    for field in ("documents", "text_1", "text_2"):  # the cross-encoder routes' texts
+        value = data.get(field)
+        if isinstance(value, list):
+            check_count(len(value), limits.max_rerank_documents, field, f"texts in {field}")
     for field in ("prompt", "input", "tokens"):
         value = data.get(field)
         if isinstance(value, list):

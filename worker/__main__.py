@@ -72,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         auth_token=settings.worker_auth_token,
         embedding_size=runner.embedding_size,
         tokenizer_path=tokenizer_path(settings.tokenizer),
+        num_labels=runner.num_labels,  # a cross-encoder's scores per pair
     )
     metrics = WorkerMetrics(name, worker_id)
     start_metrics_server(

@@ -15,8 +15,9 @@ from typing import Any
 from kvledger.gguf_file import is_gguf
 
 DECODER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-# BERT with a pretraining head: the encoder's weights are prefixed `bert.`, the heads are ignored.
-ENCODER_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForPreTraining")
+# BERT with a pretraining head (its `bert.` encoder, the heads ignored), or a cross-encoder
+CROSS_ENCODER = "BertForSequenceClassification"
+ENCODER_ARCHITECTURES = ("BertModel", "BertForMaskedLM", "BertForPreTraining", CROSS_ENCODER)
 ENCODER_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
 # Types whose frequencies change with the sequence length: served only up to the length where
@@ -176,6 +177,7 @@ class EncoderConfig:
     torch_dtype: str | None = None
     # sentence-transformers' max_seq_length, when the directory carries one
     max_seq_length: int | None = None
+    num_labels: int = 0  # a cross-encoder's classifier outputs (transformers': id2label's size)
 
     @property
     def head_dim(self) -> int:
@@ -222,6 +224,9 @@ class EncoderConfig:
             hidden_act=act,
             torch_dtype=c.get("torch_dtype") or c.get("dtype"),
             max_seq_length=int(max_seq_length) if max_seq_length else None,
+            num_labels=len(c.get("id2label") or {}) or int(c.get("num_labels", 2))
+            if arch == CROSS_ENCODER
+            else 0,
         )
 
 

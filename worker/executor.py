@@ -263,9 +263,11 @@ class Executor:
             return None, "this worker does not compute embeddings"
         if seq.num_computed_tokens + count != len(seq.token_ids):
             return None, "an embedding request must be scheduled whole, in one step"
-        item = EmbedItem(seq.request_id, seq.token_ids, embed.normalize, embed.dimensions)
+        item = EmbedItem(
+            seq.request_id, seq.token_ids, embed.normalize, embed.dimensions, embed.type_start
+        )
         limits = self.runner.limits
-        error = check_item(item, limits.vocab_size, limits.max_model_len, size)
+        error = check_item(item, limits.vocab_size, limits.max_model_len, size, limits.pairs)
         return (None, error) if error else (item, None)
 
     def _generate(self, chunks: list[SeqChunk], writes: PlanWrites, out: StepOutput) -> None:

@@ -50,6 +50,11 @@ class Limits(GrammarLimits):
         "the connection is closed; 0 = no limit",
     )
     max_embedding_inputs: int = option(256, "most inputs of one embeddings request")
+    max_rerank_documents: int = option(
+        256,
+        "most documents of one rerank request, and most texts in text_1 or text_2 of one "
+        "/score request (each pair is truncated to the cross-encoder's length)",
+    )
     max_messages: int = option(1024, "most messages of one chat (or /tokenize) request")
     max_content_parts: int = option(
         1024, "most content parts across the messages of one chat (or /tokenize) request"

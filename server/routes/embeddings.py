@@ -35,6 +35,13 @@ async def embeddings(
     body: EmbeddingRequest, request: Request, who: str = Depends(tenant)
 ) -> EmbeddingResponse:
     model = await model_for(request, body.model)  # decoders embed too (last-token pooling)
+    if model.is_cross_encoder:  # its vectors are a text pair's scores, not an embedding
+        raise APIError(
+            400,
+            f"The model `{model.name}` is a cross-encoder: it scores text pairs "
+            "(/rerank, /score) and computes no embeddings.",
+            param="model",
+        )
     prompts = await off_loop(request, _tokenized, body, model, settings_of(request).limits)
     inputs = [p.ids for p in prompts]
     width = model.info.embedding_size

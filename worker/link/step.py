@@ -17,6 +17,7 @@ BlockHashPair = tuple[int, bytes]  # (block_id, content hash) as the scheduler d
 class EmbedParams:
     normalize: bool
     dimensions: int  # 0: the model's full size
+    type_start: int = 0  # a text pair's second text from this token on; 0: one text
 
 
 @dataclass(slots=True)

@@ -65,7 +65,7 @@ def plan_from_wire(plan: worker_pb2.Plan) -> StepPlan:
                 claimed=_pairs(new.claimed),
                 written=_pairs(new.written),
                 embed=(
-                    EmbedParams(new.embed.normalize, new.embed.dimensions)
+                    EmbedParams(new.embed.normalize, new.embed.dimensions, new.embed.type_start)
                     if new.HasField("embed")
                     else None
                 ),

@@ -10,7 +10,7 @@ from torch import nn
 
 from worker.attention.base import AttentionBackend
 from worker.config import EncoderConfig, ModelConfig
-from worker.models.bert import BertModel
+from worker.models.bert import BertForSequenceClassification, BertModel
 from worker.models.llama import LlamaForCausalLM
 from worker.parallel.distributed import TPGroup
 
@@ -20,11 +20,13 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
 }
-# Checkpoints with a pretraining head load their `bert.` encoder; the head is skipped.
-ENCODER_CLASSES: dict[str, type[BertModel]] = {
+# Checkpoints with a pretraining head load their `bert.` encoder; the head is skipped. A
+# sequence classifier (a cross-encoder) keeps its pooler and classifier.
+ENCODER_CLASSES: dict[str, type[BertModel | BertForSequenceClassification]] = {
     "BertModel": BertModel,
     "BertForMaskedLM": BertModel,
     "BertForPreTraining": BertModel,
+    "BertForSequenceClassification": BertForSequenceClassification,
 }
 
 M = TypeVar("M", bound=nn.Module)
@@ -44,7 +46,9 @@ def build_model(
     return _build(lambda: cls(cfg, backend, max_positions, dtype, tp), dtype, device)
 
 
-def build_encoder(cfg: EncoderConfig, dtype: torch.dtype, device: torch.device) -> BertModel:
+def build_encoder(
+    cfg: EncoderConfig, dtype: torch.dtype, device: torch.device
+) -> BertModel | BertForSequenceClassification:
     cls = ENCODER_CLASSES[cfg.architecture]
     return _build(lambda: cls(cfg), dtype, device)
 

@@ -6,6 +6,10 @@ sentence-transformers and is skipped. Checkpoints saved from a model with a head
 (BertForMaskedLM, BertForPreTraining, or a BertModel inside a wrapper) prefix the encoder's
 tensors with `bert.`: the loader strips it when the unprefixed names are absent, and the heads
 (`cls.*`) are skipped.
+
+A cross-encoder (`BertForSequenceClassification`) keeps what sentence-transformers'
+`CrossEncoder` runs on a text pair: token types (0 for the first text, 1 for the second), the
+pooler (dense + tanh on each sequence's first token) and the classifier on top of it.
 """
 
 from __future__ import annotations
@@ -30,14 +34,13 @@ class BertEmbeddings(Module):
         self.token_type_embeddings = Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # Single-segment inputs: every token has token type 0.
-        x = (
-            self.word_embeddings(input_ids)
-            + self.position_embeddings(positions)
-            + self.token_type_embeddings.weight[0]
-        )
-        return self.LayerNorm(x)
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`types` None: single-text inputs, every token of token type 0."""
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        table = self.token_type_embeddings
+        return self.LayerNorm(x + (table.weight[0] if types is None else table(types)))
 
 
 class BertSelfAttention(Module):
@@ -124,10 +127,54 @@ class BertModel(Module):
         self.encoder = BertEncoder(cfg)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, plan: DensePlan
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        plan: DensePlan,
+        types: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Flat varlen batch [T] -> last hidden states [T, hidden]."""
-        x = self.embeddings(input_ids, positions)
+        x = self.embeddings(input_ids, positions, types)
         for layer in self.encoder.layer:
             x = layer(x, plan)
         return x
+
+
+class BertPooler(Module):
+    """transformers' BertPooler: tanh(dense(x)) of each sequence's first token."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = Linear(cfg.hidden_size, cfg.hidden_size, bias=True)
+
+    def forward(self, first_tokens: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(first_tokens))
+
+
+class BertForSequenceClassification(Module):
+    """The encoder under `bert.` (with its pooler) and `classifier`, as the checkpoint names
+    them; `forward` gives hidden states like `BertModel`, `classify` the logits of each
+    sequence from its first token's hidden state (dropout is off at inference)."""
+
+    packed_modules = BertModel.packed_modules
+    ignored_weights = ("bert.embeddings.position_ids",)
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.bert = BertModel(cfg)
+        self.bert.pooler = BertPooler(cfg)
+        self.classifier = Linear(cfg.hidden_size, cfg.num_labels, bias=True)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        plan: DensePlan,
+        types: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.bert(input_ids, positions, plan, types)
+
+    def classify(self, first_tokens: torch.Tensor) -> torch.Tensor:
+        """[S, hidden] first-token states -> [S, num_labels] logits."""
+        return self.classifier(self.bert.pooler(first_tokens))

@@ -49,6 +49,7 @@ class BatchLimits:
     num_blocks: int
     vocab_size: int
     max_model_len: int
+    pairs: bool = False  # a cross-encoder: an embedding input may be a text pair (type_start)
 
 
 @dataclass

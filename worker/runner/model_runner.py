@@ -46,6 +46,7 @@ class ModelRunner:
     """A decoder: generates on paged KV memory; also embeds (last-token pooling by default)."""
 
     kind = "generate"
+    num_labels = 0  # not a cross-encoder (EmbeddingRunner's)
 
     def __init__(self, config: RunnerConfig, tp: TPGroup | None = None) -> None:
         """The steps in order; everything that can be refused is checked before any memory

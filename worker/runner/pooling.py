@@ -199,6 +199,7 @@ class EmbedItem:
     token_ids: list[int]
     normalize: bool | None = None  # None: as the model's pooling config says
     dimensions: int = 0  # 0: the model's full size; else keep the first `dimensions` values
+    type_start: int = 0  # a text pair: its second text's first token (token type 1); 0: one text
 
 
 def pool(hidden: torch.Tensor, seq_lens: list[int], mode: str) -> torch.Tensor:
@@ -233,10 +234,16 @@ def finish(
     return out
 
 
-def check_item(item: EmbedItem, vocab_size: int, max_len: int, size: int) -> str | None:
-    """Why this item cannot be embedded, or None."""
+def check_item(
+    item: EmbedItem, vocab_size: int, max_len: int, size: int, pairs: bool = False
+) -> str | None:
+    """Why this item cannot be embedded, or None; `pairs`: the model takes text pairs."""
     if not item.token_ids:
         return "an embedding input needs at least one token"
+    if item.type_start and not pairs:
+        return "this model takes single texts, not text pairs"
+    if not 0 <= item.type_start < len(item.token_ids):
+        return f"type_start {item.type_start} is outside the input's {len(item.token_ids)} tokens"
     if len(item.token_ids) > max_len:
         return f"{len(item.token_ids)} tokens exceed max_model_len {max_len}"
     if min(item.token_ids) < 0 or max(item.token_ids) >= vocab_size:
@@ -247,12 +254,30 @@ def check_item(item: EmbedItem, vocab_size: int, max_len: int, size: int) -> str
 
 
 def flat_inputs(
-    items: list[EmbedItem], vocab_size: int, max_len: int, size: int, device: torch.device
+    items: list[EmbedItem],
+    vocab_size: int,
+    max_len: int,
+    size: int,
+    device: torch.device,
+    pairs: bool = False,
 ) -> tuple[list[int], torch.Tensor]:
     """Validates a batch of embedding inputs; returns their lengths and one flat id tensor."""
     for item in items:
-        if error := check_item(item, vocab_size, max_len, size):
+        if error := check_item(item, vocab_size, max_len, size, pairs):
             raise ValueError(f"request {item.request_id}: {error}")
     lens = [len(item.token_ids) for item in items]
     ids = torch.tensor([t for item in items for t in item.token_ids], device=device)
     return lens, ids
+
+
+def token_types(items: list[EmbedItem], device: torch.device) -> torch.Tensor | None:
+    """The flat token types of a batch of text pairs (0 up to each `type_start`, 1 from it);
+    None when no item is a pair (every token of type 0, the single-text path)."""
+    if not any(item.type_start for item in items):
+        return None
+    kinds = [
+        int(bool(item.type_start) and i >= item.type_start)
+        for item in items
+        for i in range(len(item.token_ids))
+    ]
+    return torch.tensor(kinds, device=device)
