@@ -104,7 +104,7 @@ def _with_tools(
     escape = escaper.escape if escaper is not None else _same
     if template.reads_tools:
         return with_parsed_arguments(messages), escape(offered) or None
-    return hermes_messages(messages, offered, escape), None
+    return hermes_messages(messages, offered, escape, template.results_as_tool_turns), None
 
 
 def _same(value: Any) -> Any:

@@ -10,8 +10,9 @@ Qwen2.5 and Hermes models are trained on, written into the messages it does rend
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (server/tool_parser.py reads it);
 - an assistant message's calls follow its content, each as such a tag;
 - a run of `tool` messages becomes one user message, each result inside
-  `<tool_response></tool_response>`.
-Only the roles system, user and assistant reach such a template."""
+  `<tool_response></tool_response>`; or, for a template whose model reads them better so
+  (ChatTemplate.results_as_tool_turns: SmolLM2's), each result is a turn of role `tool`.
+Otherwise only the roles system, user and assistant reach such a template."""
 
 from __future__ import annotations
 
@@ -82,14 +83,18 @@ def hermes_messages(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]],
     escape: Callable[[str], str],
+    tool_turns: bool = False,
 ) -> list[dict[str, Any]]:
-    """The messages with tools, calls and results written in the Hermes format. The messages'
-    strings are already escaped (server/plain_content.py); `escape` escapes the tools' JSON,
-    so the tags the server writes are the only markup."""
+    """The messages with tools, calls and results written in the Hermes format (results as
+    `tool` turns with `tool_turns`). The messages' strings are already escaped
+    (server/plain_content.py); `escape` escapes the tools' JSON, so the tags the server writes
+    are the only markup."""
     out: list[dict[str, Any]] = []
     for message in messages:
         role = message["role"]
-        if role == "tool":
+        if role == "tool" and tool_turns:
+            out.append({"role": "tool", "content": message.get("content", "")})
+        elif role == "tool":
             result = f"<tool_response>\n{message.get('content', '')}\n</tool_response>"
             if out and out[-1].get("_results"):
                 out[-1]["content"] += "\n" + result

@@ -232,3 +232,12 @@ def test_vllm_binds_the_cores_the_benchmark_may_use():
     cores = sorted(os.sched_getaffinity(0))
     assert cores_bind(1) == str(cores[0])
     assert cores_bind(len(cores)) == ",".join(map(str, cores))
+
+
+def test_the_tool_benchmark_offers_what_its_prompts_need():
+    from benchmarks.tool_auto import APPLIES, NONE_APPLIES, TOOLS
+
+    names = {t["function"]["name"] for t in TOOLS}
+    assert len(APPLIES) == len(NONE_APPLIES) == 20
+    assert {tool for _, tool in APPLIES} == names  # every tool is the answer somewhere
+    assert len({p for p, _ in APPLIES} | set(NONE_APPLIES)) == 40

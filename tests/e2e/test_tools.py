@@ -211,13 +211,14 @@ def test_a_conversation_with_results_round_trips(client, served):
     reply = ask(client, conversation, tool_choice="none")
     (choice,) = reply.choices
     assert choice.message.tool_calls is None and choice.message.content
+    assert "tool_response" not in choice.message.content  # the result is not echoed back
     ids = httpx.post(f"{served.url}/tokenize", json={"model": SMOLLM2, "messages": conversation})
     text = httpx.post(
         f"{served.url}/detokenize", json={"model": SMOLLM2, "tokens": ids.json()["tokens"]}
     ).json()["prompt"]
     arguments = call.tool_calls[0].function.arguments
     assert f'<tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}\n</tool_call>' in text
-    assert "<tool_response>\nrain, 12 celsius\n</tool_response>" in text
+    assert "</tool_call>\ntool\nrain, 12 celsius\n" in text  # its own turn (markers dropped)
 
 
 BAD = [

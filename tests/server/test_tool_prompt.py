@@ -134,16 +134,33 @@ def test_smollm2s_template_gets_the_tools_in_its_system_message():
     from server.chat_template import load_chat_template
 
     template = load_chat_template(smollm2_path())
-    assert not template.reads_tools
-    text = template.render(hermes_messages(plain(CONVERSATION), tool_dicts_of(TOOLS), str))
+    assert not template.reads_tools and template.results_as_tool_turns
+    text = template.render(
+        hermes_messages(plain(CONVERSATION), tool_dicts_of(TOOLS), str, tool_turns=True)
+    )
     assert text.startswith("<|im_start|>system\nYou help with the weather.\n\n# Tools\n")
     assert json.dumps(tool_dicts_of(TOOLS)[0]) in text
     assert (
         '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": '
         '{"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "now", "arguments": {}}\n'
-        "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny, 21 C\n"
-        "</tool_response>\n<tool_response>\n12:00\n</tool_response><|im_end|>\n"
-    ) in text
+        "</tool_call><|im_end|>\n<|im_start|>tool\nsunny, 21 C<|im_end|>\n"
+        "<|im_start|>tool\n12:00<|im_end|>\n"
+    ) in text  # each result a `tool` turn: SmolLM2 copied a user turn of tags back
+
+
+def test_only_known_templates_that_render_tool_turns_get_them(model_dir):
+    """Qwen2's ChatML renders any role but is not known to want them (Qwen2.5's format is the
+    user turn of tags); tiny-llama's refuses the role; a known phrase in a template that
+    refuses the role is not enough."""
+    from server.chat_template import TOOL_TURN_TEMPLATES, ChatTemplate
+
+    assert not served(model_dir, "qwen2.jinja").chat_template.results_as_tool_turns
+    assert not served(model_dir).chat_template.results_as_tool_turns
+    refusing = (
+        "{# " + TOOL_TURN_TEMPLATES[0] + " #}{% for m in messages %}{% if m.role == 'tool' %}"
+        "{{ raise_exception('no') }}{% endif %}{{ m.content }}{% endfor %}"
+    )
+    assert not ChatTemplate(refusing).results_as_tool_turns
 
 
 def test_tool_messages_reach_a_template_of_three_roles(model_dir):
