@@ -20,6 +20,7 @@ from server.tokens import check_text_fits, too_long
 from server.tool_prompt import (
     check_tool_messages,
     hermes_messages,
+    results_as_tool_turns,
     tool_dicts,
     with_parsed_arguments,
 )
@@ -104,7 +105,7 @@ def _with_tools(
     escape = escaper.escape if escaper is not None else _same
     if template.reads_tools:
         return with_parsed_arguments(messages), escape(offered) or None
-    return hermes_messages(messages, offered, escape, template.results_as_tool_turns), None
+    return hermes_messages(messages, offered, escape, results_as_tool_turns(template)), None
 
 
 def _same(value: Any) -> Any:

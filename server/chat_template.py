@@ -65,11 +65,6 @@ CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 TEMPLATE_CHARS = "{}\n"
 
 
-# Templates known by a phrase of their own text whose models get tool results as `tool` turns:
-# SmolLM2-Instruct's (its SFT data, smol-smoltalk, holds no function calling).
-TOOL_TURN_TEMPLATES = ("named SmolLM, trained by Hugging Face",)
-
-
 class ChatTemplateError(ValueError):
     """The messages cannot be rendered: the template refused them, or it is broken."""
 
@@ -130,16 +125,6 @@ class ChatTemplate:
         """Whether the template renders `tools` itself (else server/tool_prompt.py writes
         them, and the calls and results of the conversation, in the Hermes format)."""
         return "tools" in _variables(self.source)
-
-    @property
-    def results_as_tool_turns(self) -> bool:
-        """Whether tool results reach this template as turns of their own role, `tool`
-        (else as one user turn of `<tool_response>` tags, as Hermes-trained models read
-        them). Only for a template known by its own text (TOOL_TURN_TEMPLATES) that renders
-        such a turn: a model trained on no tool format copies a user turn of tags back as
-        its answer, where it answers a `tool` turn (docs/tools.md)."""
-        known = any(phrase in self.source for phrase in TOOL_TURN_TEMPLATES)
-        return known and _renders_tool_turns(self.source)
 
 
 class ReservedKwarg(ChatTemplateError):
@@ -212,21 +197,6 @@ def _tojson(
 
 def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
-
-
-@lru_cache(maxsize=16)
-def _renders_tool_turns(source: str) -> bool:
-    """Whether a `tool` message renders as a turn naming its role, its text inside."""
-    probe = "kvledger-probe-result"
-    try:
-        text = ChatTemplate(source).render(
-            [{"role": "user", "content": "q"}, {"role": "tool", "content": probe}],
-            add_generation_prompt=False,
-        )
-    except ChatTemplateError:
-        return False
-    before = text.partition(probe)[0]
-    return probe in text and "tool" in before[-len(probe) :]
 
 
 @lru_cache(maxsize=16)

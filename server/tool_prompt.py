@@ -11,18 +11,20 @@ Qwen2.5 and Hermes models are trained on, written into the messages it does rend
 - an assistant message's calls follow its content, each as such a tag;
 - a run of `tool` messages becomes one user message, each result inside
   `<tool_response></tool_response>`; or, for a template whose model reads them better so
-  (ChatTemplate.results_as_tool_turns: SmolLM2's), each result is a turn of role `tool`.
+  (results_as_tool_turns: SmolLM2's), each result is a turn of role `tool`.
 Otherwise only the roles system, user and assistant reach such a template."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 from kvledger.config.frontend import Limits
 from server.bounds import check_count, check_names
 from server.chat_protocol import ChatMessage
+from server.chat_template import ChatTemplate, ChatTemplateError
 from server.errors import APIError
 from server.tool_protocol import FunctionDefinition
 
@@ -57,6 +59,36 @@ def check_tool_messages(messages: list[ChatMessage], limits: Limits) -> None:
             check_names(limits, tool_call_id=call.id, name=call.function.name)
         calls += len(message.tool_calls or [])
     check_count(calls, limits.max_content_parts, "messages", "content parts and tool calls")
+
+
+# Templates known by a phrase of their own text whose models get tool results as `tool` turns:
+# SmolLM2-Instruct's (its SFT data, smol-smoltalk, holds no function calling).
+TOOL_TURN_TEMPLATES = ("named SmolLM, trained by Hugging Face",)
+
+
+def results_as_tool_turns(template: ChatTemplate) -> bool:
+    """Whether tool results reach this template as turns of their own role, `tool` (else as
+    one user turn of `<tool_response>` tags, as Hermes-trained models read them). Only for a
+    template known by its own text (TOOL_TURN_TEMPLATES) that renders such a turn: a model
+    trained on no tool format copies a user turn of tags back as its answer, where it
+    answers a `tool` turn (docs/tools.md)."""
+    known = any(phrase in template.source for phrase in TOOL_TURN_TEMPLATES)
+    return known and _renders_tool_turns(template.source)
+
+
+@lru_cache(maxsize=16)
+def _renders_tool_turns(source: str) -> bool:
+    """Whether a `tool` message renders as a turn naming its role, its text inside."""
+    probe = "kvledger-probe-result"
+    try:
+        text = ChatTemplate(source).render(
+            [{"role": "user", "content": "q"}, {"role": "tool", "content": probe}],
+            add_generation_prompt=False,
+        )
+    except ChatTemplateError:
+        return False
+    before = text.partition(probe)[0]
+    return probe in text and "tool" in before[-len(probe) :]
 
 
 def tool_dicts(functions: tuple[FunctionDefinition, ...]) -> list[dict[str, Any]]:

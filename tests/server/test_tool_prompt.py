@@ -21,7 +21,12 @@ from server.chat_protocol import ChatMessage, ChatTemplateOptions
 from server.chat_template import load_chat_template
 from server.client import ServedModel
 from server.errors import APIError
-from server.tool_prompt import hermes_messages, tool_dicts, with_parsed_arguments
+from server.tool_prompt import (
+    hermes_messages,
+    results_as_tool_turns,
+    tool_dicts,
+    with_parsed_arguments,
+)
 from server.tool_protocol import ToolDefinition
 from server.tools import tool_plan
 
@@ -134,7 +139,7 @@ def test_smollm2s_template_gets_the_tools_in_its_system_message():
     from server.chat_template import load_chat_template
 
     template = load_chat_template(smollm2_path())
-    assert not template.reads_tools and template.results_as_tool_turns
+    assert not template.reads_tools and results_as_tool_turns(template)
     text = template.render(
         hermes_messages(plain(CONVERSATION), tool_dicts_of(TOOLS), str, tool_turns=True)
     )
@@ -152,15 +157,16 @@ def test_only_known_templates_that_render_tool_turns_get_them(model_dir):
     """Qwen2's ChatML renders any role but is not known to want them (Qwen2.5's format is the
     user turn of tags); tiny-llama's refuses the role; a known phrase in a template that
     refuses the role is not enough."""
-    from server.chat_template import TOOL_TURN_TEMPLATES, ChatTemplate
+    from server.chat_template import ChatTemplate
+    from server.tool_prompt import TOOL_TURN_TEMPLATES
 
-    assert not served(model_dir, "qwen2.jinja").chat_template.results_as_tool_turns
-    assert not served(model_dir).chat_template.results_as_tool_turns
+    assert not results_as_tool_turns(served(model_dir, "qwen2.jinja").chat_template)
+    assert not results_as_tool_turns(served(model_dir).chat_template)
     refusing = (
         "{# " + TOOL_TURN_TEMPLATES[0] + " #}{% for m in messages %}{% if m.role == 'tool' %}"
         "{{ raise_exception('no') }}{% endif %}{{ m.content }}{% endfor %}"
     )
-    assert not ChatTemplate(refusing).results_as_tool_turns
+    assert not results_as_tool_turns(ChatTemplate(refusing))
 
 
 def test_tool_messages_reach_a_template_of_three_roles(model_dir):
