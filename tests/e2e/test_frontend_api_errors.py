@@ -195,7 +195,7 @@ def test_a_bad_token_id_is_named_as_such(http, prompt, says):
     assert says in reply.json()["error"]["message"], reply.text
 
 
-@pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages/batches", "/v1/rerank"])
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages/batches", "/v1/audio/speech"])
 def test_an_unserved_route_is_a_404_naming_it(http, path):
     """Clients of other APIs got a bare "Not Found": the 404 names the path and what is served."""
     reply = http.post(path, json={})
