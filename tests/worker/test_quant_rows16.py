@@ -35,14 +35,27 @@ def module(kv_cache_dir):  # noqa: ANN001 - the private cache the build goes to
     return built
 
 
+def forced_below_avx512() -> bool:
+    """KVLEDGER_QUANT_ISA names a path without tiles (scalar, avx2): layers keep the rows."""
+    return kernels.isa_from_env() not in (kernels.ISAS["auto"], kernels.ISAS["avx512"])
+
+
+def has_avx512(module) -> bool:  # noqa: ANN001
+    return bool(module.cpu_has(kernels.ISAS["avx512"])) and not forced_below_avx512()
+
+
+def has_vnni(module) -> bool:  # noqa: ANN001
+    return bool(module.cpu_has_int8(kernels.ISAS["avx512"])) and not forced_below_avx512()
+
+
 def vnni_or_skip(module) -> None:  # noqa: ANN001
-    if not module.cpu_has_int8(kernels.ISAS["avx512"]):
-        pytest.skip("this CPU has no AVX-512 VNNI: layers keep the GGUF rows (tested below)")
+    if not has_vnni(module):
+        pytest.skip("no AVX-512 VNNI here, or a path without it forced: layers keep the rows")
 
 
 def avx512_or_skip(module) -> None:  # noqa: ANN001
-    if not module.cpu_has(kernels.ISAS["avx512"]):
-        pytest.skip("this CPU has no AVX-512: layers keep the GGUF rows (tested below)")
+    if not has_avx512(module):
+        pytest.skip("no AVX-512 here, or a path without it forced: layers keep the rows")
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -166,16 +179,17 @@ def test_the_layers_entry_points_are_the_registered_operators(module, qtype) -> 
 
 
 def test_layers_take_tiles_only_where_they_run(module) -> None:  # noqa: ANN001
-    vnni = bool(module.cpu_has_int8(kernels.ISAS["avx512"]))
-    avx512 = bool(module.cpu_has(kernels.ISAS["avx512"]))
+    vnni, avx512 = has_vnni(module), has_avx512(module)  # the default path, KVLEDGER_QUANT_ISA's
+    cpu_vnni = bool(module.cpu_has_int8(kernels.ISAS["avx512"]))
+    cpu_avx512 = bool(module.cpu_has(kernels.ISAS["avx512"]))
     q41 = GGMLQuantizationType.Q4_1
     blocks, w = quantized(48, 64, q41)
     cases = {
         (None, "int8"): vnni,
-        ("avx512", "int8"): vnni,
+        ("avx512", "int8"): cpu_vnni,
         ("avx2", "int8"): False,  # a path named by the caller keeps its own layout
         (None, "float"): avx512,
-        ("avx512", "float"): avx512,
+        ("avx512", "float"): cpu_avx512,
         ("scalar", "float"): False,
     }
     for (isa, acts), want in cases.items():
@@ -208,7 +222,8 @@ def test_a_tied_head_shares_the_embeddings_blocks(module, qtype) -> None:  # noq
     for acts in ("float", "int8", "float"):
         head = embed.tied_head(activations=acts)
         assert head.blocks.data_ptr() == embed.blocks.data_ptr()
-        assert embed.rows16 == head.rows16 == kernels.rows16_runs(int(qtype), 64, acts, 0)
+        runs = kernels.rows16_runs(int(qtype), 64, acts, kernels.isa_from_env())
+        assert embed.rows16 == head.rows16 == runs
         assert torch.equal(embed.blocks, blocks) != embed.rows16  # tiles are the bytes regrouped
         assert torch.equal(embed(ids), w[ids]), acts
         assert torch.equal(head.gguf_blocks(), blocks)
