@@ -18,6 +18,7 @@ from server.app import build_app
 from server.chat_template import ChatTemplateError, check_chat_template
 from server.connections import with_deadlines
 from server.http_server import serve
+from server.responses_api.store import StoreError
 
 # Request line and headers together: larger is refused instead of buffered (nginx and
 # most proxies allow 8-16 KiB).
@@ -71,7 +72,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         parse(FRONTEND, argv, "kvledger frontend: OpenAI-compatible HTTP API")
     )
     setup_logging("frontend", settings.log_level, settings.log_format)
-    app = build_app(settings)
+    try:
+        app = build_app(settings)
+        if app.state.responses_store is not None:
+            app.state.responses_store.open()  # a database it cannot use stops it now
+    except StoreError as err:
+        raise SystemExit(str(err)) from None
     if settings.metrics_port is not None:
         # /metrics without a key, apart from the API: for a Prometheus on an internal network
         start_metrics_server(

@@ -23,6 +23,7 @@ from server.errors import error_responses, install_error_handlers
 from server.grammar_sandbox import close_sandbox
 from server.limits import BodyDeadline, BodySizeLimit
 from server.offload import tokenize_slots
+from server.responses_api.store import store_for
 from server.routes import (
     chat,
     completions,
@@ -31,6 +32,7 @@ from server.routes import (
     messages,
     models,
     rerank,
+    responses,
     tokenize,
 )
 
@@ -40,6 +42,7 @@ __all__ = ["Settings", "build_app"]
 GUARDED: tuple[APIRouter, ...] = (
     completions.router,
     chat.router,
+    responses.router,
     embeddings.router,
     rerank.router,
     models.router,
@@ -90,6 +93,8 @@ def build_app(settings: Settings) -> FastAPI:
         app.state.body_screen.start()
         yield
         app.state.body_screen.close()
+        if app.state.responses_store is not None:
+            app.state.responses_store.close()
         await app.state.scheduler.close()
         close_sandbox()  # its children would exit at the end of their stdin anyway
 
@@ -99,6 +104,10 @@ def build_app(settings: Settings) -> FastAPI:
     app.state.request_timeouts = request_timeouts
     app.state.tokenize_slots = tokenize_slots()
     app.state.body_screen = BodyScreen()
+    stored = settings.responses
+    app.state.responses_store = store_for(
+        stored.responses_store, stored.responses_retention, stored.responses_store_bytes
+    )
     install_error_handlers(app)
     _document_errors_truthfully(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.limits.max_request_body_bytes)

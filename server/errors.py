@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from server.anthropic.errors import error_body, is_anthropic
 
@@ -152,7 +153,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         position = first.get("loc", ("body", 0))[-1]
         reason = first.get("ctx", {}).get("error", "invalid JSON")
         return f"The request body is not valid JSON: {reason} (character {position}).", None
-    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _union_tag(p)]
+    loc = list(first.get("loc", ()))
+    if loc and loc[0] in ("body", "query", "path"):  # where it came, not the field's name
+        loc = loc[1:]
+    loc = [str(p) for p in loc if not _union_tag(p)]
     param = ".".join(loc) or None
     msg = _telling(exc.errors(), first).get("msg", "invalid request")
     return (f"{param}: {msg}" if param else msg), param
@@ -182,9 +186,10 @@ def _union_tag(part: object) -> bool:
 
 
 # What an unmatched path's 404 lists (an OpenAI route kvledger does not serve, such as
-# /v1/responses, is named as such rather than a bare "Not Found").
+# /v1/audio/speech, is named as such rather than a bare "Not Found").
 SERVED_ROUTES = (
-    "served: /v1/completions, /v1/chat/completions, /v1/messages, /v1/messages/count_tokens, "
+    "served: /v1/completions, /v1/chat/completions, /v1/responses, /v1/messages, "
+    "/v1/messages/count_tokens, "
     "/v1/embeddings, /rerank, /v1/rerank, /v2/rerank, /score, /v1/score, /v1/models, "
     "/tokenize, /detokenize, /tokenizer_info, /health, /version, /metrics"
 )
@@ -197,6 +202,17 @@ def unserved_route(path: str) -> JSONResponse:
     failing to read the body; elsewhere in OpenAI's."""
     message = f"{path} is not served by this server ({SERVED_ROUTES})"
     return APIError(404, message).response(path=path)
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route serves at the request's path (one path may have several
+    routes: GET and DELETE /v1/responses/{id})."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        if match != Match.NONE and getattr(route, "methods", None):
+            methods |= set(route.methods)
+    return ", ".join(sorted(methods))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -218,7 +234,10 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404 and message == "Not Found":  # no route matched
             return unserved_route(request.url.path)
         error = APIError(exc.status_code, message)
-        return error.response(headers=exc.headers, path=request.url.path)
+        headers = exc.headers
+        if exc.status_code == 405:  # Starlette's names the first route's methods only
+            headers = {**(headers or {}), "Allow": allowed_methods(request)}
+        return error.response(headers=headers, path=request.url.path)
 
     @app.exception_handler(grpc.aio.AioRpcError)
     async def _grpc(request: Request, exc: grpc.aio.AioRpcError) -> JSONResponse:

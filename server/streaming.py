@@ -79,9 +79,12 @@ async def sse_response(
     tail: Callable[[], list[str]],
     error: Callable[[APIError], str] = openai_error,
     done: str | None = "data: [DONE]\n\n",
+    finish: Callable[[], Awaitable[None]] | None = None,
 ) -> Response:
     """Streams `render(choice)` for each change of a choice, then `tail()`, then `done`
-    (OpenAI's `[DONE]`; Anthropic's streams end with their last event, `done` None).
+    (OpenAI's `[DONE]`; Anthropic's and the Responses API's streams end with their last
+    event, `done` None). `finish`, if given, is awaited once the events are over and before
+    `tail()` (the Responses API stores its response there, before its last event says so).
 
     The first event is awaited before the response starts, so that errors (a bad prompt, no
     worker) still get a status code, while a client that leaves before it (queued, or in a
@@ -103,6 +106,8 @@ async def sse_response(
                 async for choice in events:
                     for out in render(choice):
                         yield out
+            if finish is not None:
+                await finish()
             for out in tail():
                 yield out
         except APIError as err:

@@ -100,6 +100,30 @@ class Limits(GrammarLimits):
 
 
 @dataclass(frozen=True)
+class ResponsesStoreOptions:
+    """Where /v1/responses keeps the responses it stores (server/responses_api/store.py)."""
+
+    responses_store: str = option(
+        "",
+        "database of stored /v1/responses (`store`, `previous_response_id`, GET and DELETE): "
+        "a `sqlite:///PATH` URL or a file path, shared by every frontend given the same file; "
+        "'' = responses.sqlite3 in the cache directory (KVLEDGER_CACHE_DIR, default "
+        "~/.cache/kvledger); `off` = nothing is stored",
+    )
+    responses_retention: float = option(
+        30 * 24 * 3600.0,
+        "seconds a stored response is kept; older ones are deleted, and read as never stored",
+        ge=0.0,
+    )
+    responses_store_bytes: int = option(
+        1024**3,
+        "most bytes of stored responses (their JSON, inputs included); past it the oldest "
+        "are deleted, and a response larger than all of it is not stored",
+        ge=0,
+    )
+
+
+@dataclass(frozen=True)
 class Settings(
     FrontendToken, SchedulerAddress, GrpcTlsOptions, MetricsOptions, ShutdownOptions, LogOptions
 ):
@@ -115,6 +139,7 @@ class Settings(
     api_keys_file: str | None = option(None, "file with one accepted API key per line")
     metrics_public: bool = option(False, "serve /metrics without an API key")
     limits: Limits = group(Limits)
+    responses: ResponsesStoreOptions = group(ResponsesStoreOptions)
     # A file path or the template text; None = each model's own template.
     chat_template: str | None = option(
         None,

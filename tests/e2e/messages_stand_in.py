@@ -73,9 +73,15 @@ def decode(ids: list[int]) -> str:
     return load_gguf_tokenizer(str(smollm2_path())).tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def serve(scheduler, runner, requests, **settings):  # noqa: ANN001, ANN003, ANN201
-    """`requests(http, client)` against the app, its model the scripted stand-in; the ledger
-    is idle after it."""
+def anthropic_client(http_client):  # noqa: ANN001, ANN201
+    return anthropic.AsyncAnthropic(
+        base_url="http://t", api_key="k", http_client=http_client, max_retries=0
+    )
+
+
+def serve(scheduler, runner, requests, sdk=anthropic_client, **settings):  # noqa: ANN001, ANN003, ANN201
+    """`requests(http, client)` against the app, its model the scripted stand-in, `client`
+    the SDK `sdk` makes over the app (Anthropic's unless told); the ledger is idle after it."""
     path = str(smollm2_path())
     with stand_in_worker(
         scheduler.target, MODEL, path, runner, vocab_size=49152, eos_token_ids=(EOS,),
@@ -87,11 +93,9 @@ def serve(scheduler, runner, requests, **settings):  # noqa: ANN001, ANN003, ANN
             app = build_app(Settings(scheduler=scheduler.target, **settings))
             async with app.router.lifespan_context(app):
                 transport = ASGITransport(app, raise_app_exceptions=False)
-                # the anthropic client speaks httpx2 (its own fork of httpx): its own transport
+                # the SDK clients speak httpx2 (a fork of httpx): its own transport
                 sdk_http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app), timeout=60)
-                client = anthropic.AsyncAnthropic(
-                    base_url="http://t", api_key="k", http_client=sdk_http, max_retries=0
-                )
+                client = sdk(sdk_http)
                 async with AsyncClient(transport=transport, base_url="http://t", timeout=60) as h:
                     return await requests(h, client)
 

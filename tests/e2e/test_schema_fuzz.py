@@ -28,6 +28,7 @@ from schemathesis import engine
 from schemathesis.core.failures import AcceptedNegativeData
 from schemathesis.engine import Status, events
 
+from server.responses_api.protocol import NO_OPS
 from tests.e2e.helpers import idle
 from tests.e2e.stacks import Stack
 
@@ -52,6 +53,7 @@ OPENAI_ERROR_FIELDS = {"message", "type", "param", "code"}
 # Generating routes and the object their stream's chunks name.
 GENERATING = {"/v1/completions": "text_completion", "/v1/chat/completions": "chat.completion.chunk"}
 ANTHROPIC = "/v1/messages"  # its routes answer in Anthropic's shapes, take x-api-key too
+RESPONSES = "/v1/responses"  # its streams are named events, ended by the whole response
 # A cross-encoder's routes are left out: this stack serves none (serve's one embedding worker
 # serves all-MiniLM-L6-v2), so none could succeed here, and fuzzing them took the fuzz
 # past its timeout on two cores. Their shapes and refusals are tests/e2e/test_rerank.py's.
@@ -71,11 +73,22 @@ def _widened(ctx, body: object) -> st.SearchStrategy:  # noqa: ANN001
     streamed: a third of the completions that do not say `stream` ask for it."""
     if not isinstance(body, dict):
         return st.just(body)
+    if ctx.operation.path == RESPONSES:
+        body = _mostly_served(body)
     if ctx.operation.path in (*GENERATING, ANTHROPIC) and "stream" not in body:
         streamed = st.sampled_from([body, body, {**body, "stream": True}])
     else:
         streamed = st.just(body)
     return streamed.flatmap(_with_lone_surrogate)
+
+
+def _mostly_served(body: dict) -> dict:
+    """Random values of the fields the Responses route does not serve (NO_OPS) and of
+    `previous_response_id` are refused, so nearly every generated body would be: in three of
+    four bodies they are left out, so that some get to the model."""
+    if hash(json.dumps(body, sort_keys=True, default=str)) % 4 == 0:
+        return body
+    return {k: v for k, v in body.items() if k not in NO_OPS and k != "previous_response_id"}
 
 
 def _with_lone_surrogate(body: dict) -> st.SearchStrategy:
@@ -86,8 +99,21 @@ def _with_lone_surrogate(body: dict) -> st.SearchStrategy:
     )
 
 
+def _stored_response(served) -> str:  # noqa: ANN001
+    """A response stored under KEY, for the routes that read or delete one by id."""
+    body = {"model": MODEL, "input": "The ledger says", "max_output_tokens": 2}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    reply = httpx.post(f"{served.url}{RESPONSES}", json=body, headers=headers, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["id"]
+
+
 @pytest.fixture(scope="module")
 def api_schema(served):
+    # One stored response is read (GET, input_items), another deleted: each route then
+    # succeeds at least once, whatever order schemathesis takes them in.
+    read, deleted = _stored_response(served), _stored_response(served)
+    by_id = f"{RESPONSES}/{{response_id}}"
     config = schemathesis.Config.from_dict(
         {
             "auth": {"openapi": {"apiKey": {"bearer": KEY}}},
@@ -95,9 +121,22 @@ def api_schema(served):
             # ask for amounts the limits allow, so that many requests get past validation to the
             # model: the coverage phase's boundary values of each field, too.
             "operations": [
+                # An operation's settings are those of the first entry it matches.
+                {"include-path": RESPONSES, "parameters": {"body.model": MODEL}},
+                {
+                    "include-path": by_id,
+                    "include-method": "GET",
+                    "parameters": {"path.response_id": read},
+                },
+                {"include-path": f"{by_id}/input_items", "parameters": {"path.response_id": read}},
+                {
+                    "include-path": by_id,
+                    "include-method": "DELETE",
+                    "parameters": {"path.response_id": deleted},
+                },
                 {"include-path": "/v1/embeddings", "parameters": {"body.model": EMBEDDING_MODEL}},
-                {"exclude-path": "/v1/embeddings", "parameters": {"body.model": MODEL}},
                 {"include-path": "/v1/models/{model}", "parameters": {"path.model": MODEL}},
+                {"exclude-path": "/v1/embeddings", "parameters": {"body.model": MODEL}},
                 {"include-path-regex": CROSS_ENCODER_PATHS, "enabled": False},
             ],
             "dictionaries": {
@@ -215,6 +254,29 @@ def _assert_anthropic(response, where: str) -> None:  # noqa: ANN001
         assert names[-1] in ("message_stop", "error"), f"{where}: {names!r}"
 
 
+def _assert_responses_stream(response, case, where: str) -> None:  # noqa: ANN001
+    """The Responses API's events: each named by an `event:` line and numbered in order, the
+    first `response.created`, the last the whole response, or an error (OpenAI's fields
+    flat, as the Responses API's `error` event has them)."""
+    if response.stream_cut_short:
+        return
+    chunks = response.content.decode(errors="replace").strip().split("\n\n")
+    events = []
+    for chunk in chunks:
+        name, data = chunk.split("\n")
+        event = json.loads(data.removeprefix("data: "))
+        assert event["type"] == name.removeprefix("event: "), f"{where}: {chunk!r}"
+        assert event["sequence_number"] == len(events), f"{where}: {chunk!r}"
+        events.append(event)
+    assert events[0]["type"] == "response.created", f"{where}: {events[0]!r}"
+    last = events[-1]
+    if last["type"] == "error":
+        error = {k: v for k, v in last.items() if k in OPENAI_ERROR_FIELDS | {"code"}}
+        _assert_openai_error({"error": {**error, "type": last["code"]}}, case, 500, where)
+    else:
+        assert last["type"] in ("response.completed", "response.incomplete"), f"{where}: {last}"
+
+
 @schemathesis.check
 def openai_error_shape(ctx, response, case) -> None:  # noqa: ANN001
     """Every error is JSON in OpenAI's shape: {"error": {"message", "type", "param", "code"}},
@@ -224,6 +286,10 @@ def openai_error_shape(ctx, response, case) -> None:  # noqa: ANN001
     where = f"{case.method} {case.path} -> {response.status_code}"
     if _anthropic(case.path):
         _assert_anthropic(response, where)
+        return
+    content_type = response.headers.get("content-type", [""])[0]
+    if case.path == RESPONSES and content_type.startswith("text/event-stream"):
+        _assert_responses_stream(response, case, where)
         return
     content_type = response.headers.get("content-type", [""])[0]
     if response.status_code >= 400:

@@ -73,7 +73,7 @@ def test_the_anthropic_client_reads_a_404_under_v1_messages(http):
     assert "/v1/messages/batches is not served" in batches.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("path", ["/v1/responses", "/v1/messagesx", "/v2/messages"])
+@pytest.mark.parametrize("path", ["/v1/audio/speech", "/v1/messagesx", "/v2/messages"])
 def test_other_unserved_paths_keep_openais_shape(http, path):
     reply = http.post(path, json={})
     assert reply.status_code == 404
