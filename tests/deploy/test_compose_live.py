@@ -134,6 +134,23 @@ def test_completions_streaming_chat_and_embeddings_answer(stack):
         assert no_key.status_code == 401, "the API key from the environment is required"
 
 
+def test_a_stored_response_is_read_back_and_continued(stack):
+    """The frontend's responses volume is writable by its non-root user: `store` keeps the
+    response, GET reads it and previous_response_id continues it."""
+    with _client(stack) as http:
+        first = {"model": MODEL, "input": "Name a colour.", "max_output_tokens": 4}
+        reply = http.post("/v1/responses", json=first)
+        assert reply.status_code == 200, reply.text
+        stored = reply.json()
+        assert stored["store"] is True and stored["status"] in ("completed", "incomplete")
+        read = http.get(f"/v1/responses/{stored['id']}")
+        assert read.status_code == 200 and read.json()["output"] == stored["output"], read.text
+        follow = {"model": MODEL, "input": "Another.", "previous_response_id": stored["id"]}
+        continued = http.post("/v1/responses", json={**follow, "max_output_tokens": 4})
+        assert continued.status_code == 200, continued.text
+        assert continued.json()["previous_response_id"] == stored["id"]
+
+
 def test_health_and_metrics_through_the_published_port(stack):
     assert httpx.get(f"{stack.url}/health", timeout=10).status_code == 200
     with _client(stack) as http:

@@ -55,6 +55,7 @@ DIFFERENT_VALUE = {
     "KVLEDGER_WORKER_ID",
     "KVLEDGER_METRICS_PORT",
     "KVLEDGER_API_KEY",
+    "KVLEDGER_RESPONSES_STORE",  # compose's one frontend stores; k8s replicas cannot share it
 }
 # The component grpc-tls adds these (compose stays plaintext); only in its overlays.
 TLS_ENV = {"KVLEDGER_GRPC_TLS_CERT", "KVLEDGER_GRPC_TLS_KEY", "KVLEDGER_GRPC_TLS_CA"}
