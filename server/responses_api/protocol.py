@@ -193,7 +193,14 @@ class ResponsesRequest(BaseModel):
     """`input` (text, or items), what the conversation so far is (`previous_response_id`),
     how to answer (`instructions`, tools, `text.format`, sampling) and whether to keep it."""
 
-    model_config = REQUEST_CONFIG
+    # The example is the documentation's, and the API fuzz test's one certain valid body (as
+    # chat's: server/chat_protocol.py).
+    model_config = ConfigDict(
+        **REQUEST_CONFIG,
+        json_schema_extra={
+            "examples": [{"model": "tiny-llama", "input": "Hello", "max_output_tokens": 4}]
+        },
+    )
     model: str
     input: (
         Annotated[
