@@ -33,7 +33,9 @@ SOURCES = [
         "avx2.cpp",
         "avx512.cpp",
         "kquant_avx2.cpp",
+        "kquant_avx512.cpp",
         "kquant_int8_avx2.cpp",
+        "kquant_int8_vnni.cpp",
         "int8_scalar.cpp",
         "int8_avx2.cpp",
         "int8_vnni.cpp",
@@ -52,6 +54,7 @@ HEADERS = [
     CSRC / "kquants.h",
     CSRC / "kquants_avx2.h",
     CSRC / "int8_tile.h",
+    CSRC / "kquant_int8_tile.h",
     CSRC / "rows16.h",
     CSRC / "ops.h",
 ]

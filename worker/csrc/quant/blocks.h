@@ -116,8 +116,9 @@ using LinearKernel = void (*)(const LinearArgs& a, int64_t o_begin, int64_t o_en
 void linear_scalar(const LinearArgs& a, int64_t o_begin, int64_t o_end);
 void linear_avx2(const LinearArgs& a, int64_t o_begin, int64_t o_end);
 void linear_avx512(const LinearArgs& a, int64_t o_begin, int64_t o_end);
-// the AVX2 path's K-quant and Q5 kernels (the AVX-512 path has none: kernel_for falls back)
+// the K-quant and Q5 kernels of the AVX2 and AVX-512 paths
 void linear_avx2_k(const LinearArgs& a, int64_t o_begin, int64_t o_end);
+void linear_avx512_k(const LinearArgs& a, int64_t o_begin, int64_t o_end);
 
 // Activations quantized per block of 32 as llama.cpp's Q8_0/Q8_1 do (the int8 path):
 //   q[r * in + i] = round(x[r][i] / d), d = max|x[r][block]| / 127 (0 for an all-zero block);
@@ -157,8 +158,9 @@ void quantize_acts_avx2(const float* x, int64_t rows, int64_t in, int8_t* q, flo
 void int8_scalar(const Int8Args& a, int64_t o_begin, int64_t o_end);
 void int8_avx2(const Int8Args& a, int64_t o_begin, int64_t o_end);
 void int8_vnni512(const Int8Args& a, int64_t o_begin, int64_t o_end);
-// the K-quants' (Q4_K, Q5_K, Q6_K) on AVX2 (AVX-512 CPUs too: linear.cpp's table)
+// the K-quants' (Q4_K, Q5_K, Q6_K) on AVX2 and on AVX-512 VNNI
 void int8_avx2_k(const Int8Args& a, int64_t o_begin, int64_t o_end);
+void int8_vnni512_k(const Int8Args& a, int64_t o_begin, int64_t o_end);
 
 // Row `o`'s `in` values as float32 (the exact dequantization, as ggml's reference code), any
 // type of `format_of`.

@@ -8,8 +8,8 @@
 //
 // isa: 0 = the best this CPU runs (AVX-512, else AVX2, else scalar), 1 = scalar, 2 = AVX2,
 // 3 = AVX-512; naming one the CPU lacks is an error (the tests force each path this way). A type
-// with no kernel of that set runs the best one below it (`kTable`: Q5_x and the K-quants have
-// none for AVX-512, whose CPUs run their AVX2 kernel).
+// with no kernel of that set would run the best one below it (`kTable`; today every type has
+// one at each set).
 // Activations are float32 and every product is a float FMA of the exactly dequantized weight:
 // the result equals `x @ dequantize(blocks).T` up to the order of the sums.
 //
@@ -114,11 +114,11 @@ constexpr TypeKernels kTable[] = {
     {kQ8_0, {nullptr, &linear_scalar, &linear_avx2, &linear_avx512}},
     {kQ4_0, {nullptr, &linear_scalar, &linear_avx2, &linear_avx512}},
     {kQ4_1, {nullptr, &linear_scalar, &linear_avx2, &linear_avx512}},
-    {kQ5_0, {nullptr, &linear_scalar, &linear_avx2_k, nullptr}},
-    {kQ5_1, {nullptr, &linear_scalar, &linear_avx2_k, nullptr}},
-    {kQ4_K, {nullptr, &linear_scalar, &linear_avx2_k, nullptr}},
-    {kQ5_K, {nullptr, &linear_scalar, &linear_avx2_k, nullptr}},
-    {kQ6_K, {nullptr, &linear_scalar, &linear_avx2_k, nullptr}},
+    {kQ5_0, {nullptr, &linear_scalar, &linear_avx2_k, &linear_avx512_k}},
+    {kQ5_1, {nullptr, &linear_scalar, &linear_avx2_k, &linear_avx512_k}},
+    {kQ4_K, {nullptr, &linear_scalar, &linear_avx2_k, &linear_avx512_k}},
+    {kQ5_K, {nullptr, &linear_scalar, &linear_avx2_k, &linear_avx512_k}},
+    {kQ6_K, {nullptr, &linear_scalar, &linear_avx2_k, &linear_avx512_k}},
 };
 #endif
 
@@ -142,7 +142,7 @@ int64_t kernel_isa(int64_t type, int64_t isa) {
   const LinearKernel k = kernel_for(type, isa);
   if (k == &linear_scalar) return kScalar;
 #if defined(__x86_64__)
-  if (k == &linear_avx512) return kAvx512;
+  if (k == &linear_avx512 || k == &linear_avx512_k) return kAvx512;
 #endif
   return kAvx2;
 }
@@ -225,7 +225,8 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t ty
 #if defined(__x86_64__)
   if (isa == kAvx2) kernel = &int8_avx2;
   if (isa == kAvx512) kernel = &int8_vnni512;
-  if (k_quant && isa != kScalar) kernel = &int8_avx2_k;  // no AVX-512 K-quant kernel: AVX2's
+  if (k_quant && isa == kAvx2) kernel = &int8_avx2_k;
+  if (k_quant && isa == kAvx512) kernel = &int8_vnni512_k;
 #endif
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const int64_t out = blocks.size(0), rows = xf.numel() / in;
