@@ -1,8 +1,9 @@
 """GGUF files (written here with gguf.GGUFWriter, one per supported type) load into the worker
 as transformers loads them with `gguf_file=`: every dequantized tensor equals
 gguf.quants.dequantize, logits agree within 1e-4 (float32), greedy decoding token for token.
-An unsupported type, a truncated file, a hyperparameter that is not finite or in range, and a
-string past its bound stop the worker with one line."""
+An unsupported type, a truncated file (K-quants included), a block scale or a float weight that
+is not finite, a hyperparameter that is not finite or in range, and a string past its bound stop
+the worker with one line."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from tests.worker.gguf_files import SHAPE, ggml_permute, write_llama_gguf
@@ -128,11 +129,39 @@ def test_unsupported_type_is_one_line(tmp_path: Path) -> None:
     assert_one_line_refusal(worker_startup(path), "blk.1.ffn_up.weight", "Q2_K")
 
 
-def test_truncated_file_is_one_line(gguf_file, tmp_path: Path) -> None:
-    whole = gguf_file("Q8_0").read_bytes()
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K", "Q6_K"])
+def test_truncated_file_is_one_line(gguf_file, tmp_path: Path, type_name: str) -> None:
+    whole = gguf_file(type_name).read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(whole[: len(whole) - 1000])
     assert_one_line_refusal(worker_startup(cut), "truncated", str(cut))
+
+
+@pytest.mark.parametrize(
+    ("type_name", "field", "value"),
+    [
+        ("Q4_K", 0, np.float16("nan")),  # a super-block's d
+        ("Q4_K", 2, np.float16("inf")),  # its dmin
+        ("Q6_K", 208, np.float16("-inf")),
+        ("Q4_0", 0, np.float16("nan")),
+        ("F32", 0, np.float32("nan")),  # a float weight itself
+    ],
+)
+def test_a_scale_or_weight_that_is_not_finite_is_one_line(
+    gguf_file, tmp_path: Path, type_name: str, field: int, value: np.generic
+) -> None:
+    """One NaN block scale makes every output NaN: the worker refuses the file, naming the
+    tensor, whether the blocks are kept or dequantized."""
+    whole = bytearray(gguf_file(type_name).read_bytes())
+    tensor = next(
+        t for t in GGUFReader(gguf_file(type_name)).tensors if t.name == "blk.1.ffn_up.weight"
+    )
+    step = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]][1]  # the block's bytes (F32: 4)
+    at = int(tensor.data_offset) + 3 * step + field  # the fourth block
+    whole[at : at + value.nbytes] = value.tobytes()
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(whole))
+    assert_one_line_refusal(worker_startup(bad), "blk.1.ffn_up.weight", "not finite")
 
 
 @pytest.mark.parametrize(

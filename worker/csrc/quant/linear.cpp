@@ -147,6 +147,39 @@ int64_t kernel_isa(int64_t type, int64_t isa) {
   return kAvx2;
 }
 
+// The int8-activation kernels, the same way (a type not listed has none: refused by name).
+struct Int8TypeKernels {
+  int type;
+  Int8Kernel by_isa[kAvx512 + 1];
+};
+
+#if defined(__x86_64__)
+constexpr Int8TypeKernels kInt8Table[] = {
+    {kQ8_0, {nullptr, &int8_scalar, &int8_avx2, &int8_vnni512}},
+    {kQ4_0, {nullptr, &int8_scalar, &int8_avx2, &int8_vnni512}},
+    {kQ4_1, {nullptr, &int8_scalar, &int8_avx2, &int8_vnni512}},
+    {kQ4_K, {nullptr, &int8_scalar, &int8_avx2_k, &int8_vnni512_k}},
+    {kQ5_K, {nullptr, &int8_scalar, &int8_avx2_k, &int8_vnni512_k}},
+    {kQ6_K, {nullptr, &int8_scalar, &int8_avx2_k, &int8_vnni512_k}},
+};
+#else
+constexpr Int8TypeKernels kInt8Table[] = {
+    {kQ8_0, {nullptr, &int8_scalar}}, {kQ4_0, {nullptr, &int8_scalar}},
+    {kQ4_1, {nullptr, &int8_scalar}}, {kQ4_K, {nullptr, &int8_scalar}},
+    {kQ5_K, {nullptr, &int8_scalar}}, {kQ6_K, {nullptr, &int8_scalar}},
+};
+#endif
+
+// The int8 kernel for `type` at `isa` (a resolved one), or nullptr where the type has none.
+Int8Kernel int8_kernel_for(int64_t type, int64_t isa) {
+  for (const Int8TypeKernels& k : kInt8Table) {
+    if (k.type != type) continue;
+    for (int64_t i = isa; i >= kScalar; --i)
+      if (k.by_isa[i] != nullptr) return k.by_isa[i];
+  }
+  return nullptr;
+}
+
 int64_t best_int8_isa() {
   static const int64_t best = cpu_has(kInt8 + kAvx512) ? kAvx512 : cpu_has(kAvx2) ? kAvx2 : kScalar;
   return best;
@@ -213,21 +246,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, i
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t in,
                        int64_t isa) {
   check_blocks(blocks, type, in);
-  const bool k_quant = format_of(static_cast<int>(type)).values == kSuper;
-  TORCH_CHECK(block_bytes(static_cast<int>(type)) > 0 || k_quant, "int8 linear: ggml type ", type,
+  TORCH_CHECK(int8_kernel_for(type, kScalar) != nullptr, "int8 linear: ggml type ", type,
               " has no int8 kernel (only Q8_0, Q4_0, Q4_1 and the K-quants)");
   TORCH_CHECK(x.device().is_cpu() && x.size(-1) == in, "quantized linear: x must be CPU [..., ",
               in, "]");
   if (isa == kAuto) isa = best_int8_isa();
   TORCH_CHECK(isa >= kScalar && isa <= kAvx512, "int8 linear: unknown isa ", isa);
   TORCH_CHECK(cpu_has(kInt8 + isa), "int8 linear: this CPU cannot run isa ", isa);
-  Int8Kernel kernel = &int8_scalar;
-#if defined(__x86_64__)
-  if (isa == kAvx2) kernel = &int8_avx2;
-  if (isa == kAvx512) kernel = &int8_vnni512;
-  if (k_quant && isa == kAvx2) kernel = &int8_avx2_k;
-  if (k_quant && isa == kAvx512) kernel = &int8_vnni512_k;
-#endif
+  const Int8Kernel kernel = int8_kernel_for(type, isa);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const int64_t out = blocks.size(0), rows = xf.numel() / in;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
