@@ -11,6 +11,8 @@
 #include "blocks.h"
 #include "kquants.h"
 
+#include <vector>
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -79,23 +81,36 @@ struct K45 {
   }
 };
 
+// Q6_K: the super-block's 256 quants assembled as int8 (q - 32) once, 32 at a time with byte
+// operations (each half h's 64 ql bytes hold sub-blocks 4h..4h+3 in their nibbles, its 32 qh
+// bytes their high two bits), then widened 8 at a time, each 16 values with their factor.
 struct K6 {
   static constexpr int kValues = kSuper, kBytes = 210;
   struct Factors {
+    alignas(32) int8_t q[kSuper];
     float f[16];
   };
-  static inline void factors(const uint8_t* b, Factors& f) { k6_factors_avx2(b, f.f); }
-  static inline void load(const uint8_t* b, const Factors& f, int g, __m256* w) {
-    const int h = g / 4, k = g % 4;
-    const uint8_t* ql = b + 64 * h + 32 * (k % 2);
-    const uint8_t* qh = b + 128 + 32 * h;
-    const __m256i mask = _mm256_set1_epi32(15), three = _mm256_set1_epi32(3);
-    const __m256i off = _mm256_set1_epi32(32);
+  static inline void factors(const uint8_t* b, Factors& f) {
+    k6_factors_avx2(b, f.f);
+    const __m256i low4 = _mm256_set1_epi8(15), low2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+      const __m256i lo[4] = {_mm256_and_si256(ql0, low4), _mm256_and_si256(ql1, low4),
+                             _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                             _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4)};
+      for (int k = 0; k < 4; ++k) {
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), low2);
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo[k], _mm256_slli_epi16(hi, 4)), off);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(f.q + 128 * h + 32 * k), q);
+      }
+    }
+  }
+  static inline void load(const uint8_t*, const Factors& f, int g, __m256* w) {
     for (int i = 0; i < 4; ++i) {
-      const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(bytes8(ql + 8 * i), 4 * (k / 2)), mask);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(bytes8(qh + 8 * i), 2 * k), three);
-      const __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), off);
-      w[i] = _mm256_mul_ps(_mm256_set1_ps(f.f[8 * h + 2 * k + i / 2]), _mm256_cvtepi32_ps(q));
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(f.q + 32 * g + 8 * i));
+      w[i] = _mm256_mul_ps(_mm256_set1_ps(f.f[2 * g + i / 2]), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
     }
   }
 };
@@ -135,6 +150,73 @@ void tile(const LinearArgs& a, const float* x, float* y, int64_t o_begin, int64_
   }
 }
 
+// Q4_K at up to kRows rows: d_g * sum(q * x) - m_g * sum(x) per sub-block (as kquant_avx512.cpp
+// computes it), the sums of x per 32 values (`sx`) taken once per call, the mins' term added
+// into the second accumulator: per sub-block 4 widenings and conversions shared by the rows, and
+// per row 5 float operations, where dequantizing first costs ~20 shared and 4 per row.
+template <int R>
+void factored_q4k(const LinearArgs& a, const float* sx, int64_t o_begin, int64_t o_end) {
+  const int64_t ns = a.in / kSuper, nsub = a.in / kBlock;
+  const __m256i mask = _mm256_set1_epi32(15);
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    const uint8_t* row = a.w + o * a.row_bytes;
+    __m256 acc0[R], acc1[R];
+    for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < ns; ++s) {
+      const uint8_t* blk = row + s * 144;
+      alignas(32) float dg[8], mg[8];
+      k4_factors_avx2(blk, dg, mg);
+      for (int r = 0; r < R; ++r)
+        acc1[r] = _mm256_fnmadd_ps(_mm256_load_ps(mg), _mm256_loadu_ps(sx + r * nsub + s * 8), acc1[r]);
+      for (int j = 0; j < 8; ++j) {  // sub-block j's 32 values: nibbles j % 2 of bytes 32 (j / 2)
+        const uint8_t* qs = blk + 16 + 32 * (j / 2);
+        __m256 q[4];
+        for (int i = 0; i < 4; ++i)
+          q[i] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(bytes8(qs + 8 * i), 4 * (j % 2)), mask));
+        const __m256 d = _mm256_set1_ps(dg[j]);
+        for (int r = 0; r < R; ++r) {
+          const float* xb = a.x + r * a.ldx + s * kSuper + 32 * j;
+          __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
+          t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), t);
+          t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), t);
+          t = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), t);
+          acc0[r] = _mm256_fmadd_ps(d, t, acc0[r]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) a.y[r * a.ldy + o] = hsum(_mm256_add_ps(acc0[r], acc1[r]));
+  }
+}
+
+// The sums of each 32 values of a.x's rows, into the calling thread's scratch.
+const float* block_sums(const LinearArgs& a) {
+  const int64_t nsub = a.in / kBlock;
+  thread_local std::vector<float> sums;
+  sums.resize(a.rows * nsub);
+  for (int64_t r = 0; r < a.rows; ++r)
+    for (int64_t b = 0; b < nsub; ++b) {
+      const float* xb = a.x + r * a.ldx + b * kBlock;
+      const __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)),
+                                     _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24)));
+      sums[r * nsub + b] = hsum(v);
+    }
+  return sums.data();
+}
+
+void run_q4k(const LinearArgs& a, int64_t o_begin, int64_t o_end) {
+  const float* sx = block_sums(a);
+  for (int64_t o0 = o_begin; o0 < o_end; o0 += kOutChunk) {
+    const int64_t o1 = o0 + kOutChunk < o_end ? o0 + kOutChunk : o_end;
+    switch (a.rows) {
+      case 4: factored_q4k<4>(a, sx, o0, o1); break;
+      case 3: factored_q4k<3>(a, sx, o0, o1); break;
+      case 2: factored_q4k<2>(a, sx, o0, o1); break;
+      case 1: factored_q4k<1>(a, sx, o0, o1); break;
+      default: break;
+    }
+  }
+}
+
 template <class Q>
 void run(const LinearArgs& a, int64_t o_begin, int64_t o_end) {
   for (int64_t o0 = o_begin; o0 < o_end; o0 += kOutChunk) {
@@ -158,7 +240,10 @@ void linear_avx2_k(const LinearArgs& a, int64_t o_begin, int64_t o_end) {
   switch (a.type) {
     case kQ5_0: run<Q5<false>>(a, o_begin, o_end); break;
     case kQ5_1: run<Q5<true>>(a, o_begin, o_end); break;
-    case kQ4_K: run<K45<false>>(a, o_begin, o_end); break;
+    case kQ4_K:
+      if (a.rows <= kRows) run_q4k(a, o_begin, o_end);
+      else run<K45<false>>(a, o_begin, o_end);
+      break;
     case kQ5_K: run<K45<true>>(a, o_begin, o_end); break;
     case kQ6_K: run<K6>(a, o_begin, o_end); break;
     default: break;
