@@ -5,7 +5,8 @@ One module holds them all (`csrc/ops.h` lists them): the paged decode attention 
 sampler's argmax and grammar masks.
 It is compiled with the local compiler by torch's extension builder into
 `<KVLEDGER_CACHE_DIR>/torch_extensions/`, under a name that carries a digest of the sources,
-the torch version and this CPU's instruction-set flags: it is built with `-march=native`, so a
+the torch version and this CPU's instruction-set flags: it is built with `-march=native` (or
+`KVLEDGER_CPU_MARCH`), so a
 cache directory shared between machines (a volume) never hands one CPU another's binary. A
 build takes ~1 min on two cores, once (`make install` runs it: worker/build_kernels.py); later
 starts load it in milliseconds. No file but module.cpp includes pybind11 (csrc/aten_lite.h says
@@ -82,8 +83,12 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+# `KVLEDGER_CPU_MARCH` names another target than this CPU (e.g. `haswell`: AVX2, FMA, F16C), so
+# that an AVX-512 machine can measure the code an AVX2-only CPU runs; the build name carries it.
+MARCH_ENV = "KVLEDGER_CPU_MARCH"
+MARCH = os.environ.get(MARCH_ENV, "").strip() or "native"
 # fast math lets GCC vectorize expf (glibc libmvec) and the dot products' sums
-FLAGS = ("-O3", "-march=native", "-ffast-math")
+FLAGS = ("-O3", f"-march={MARCH}", "-ffast-math")
 
 
 def build_name(flags: tuple[str, ...] = FLAGS) -> str:
