@@ -26,6 +26,7 @@ from torch import nn
 
 from worker.layers.embedding import Embedding, LMHead
 from worker.layers.linear import Linear, PackedLinear
+from worker.quant import kernels
 from worker.quant.formats import FORMATS
 from worker.quant.layers import QuantizedEmbedding, QuantizedLinear, StackedQuantizedLinear
 
@@ -68,9 +69,19 @@ def keep_quantized(
             held.add(tensor.name)
             if release is not None:
                 release(tensor)
-    kinds = sorted({FORMATS[int(t)].name for t in _types(model)})
-    log.info("kept %d weights as quantized blocks (%s)", len(held), ", ".join(kinds) or "none")
+    log.info("kept %d weights as quantized blocks (%s)", len(held), _kernels(model) or "none")
     return held
+
+
+def _kernels(model: nn.Module) -> str:
+    """Each kept type with the instruction set its float kernel runs here (linear.cpp's table),
+    e.g. "Q4_K avx512, Q6_K avx512"."""
+    types = sorted(_types(model))
+    if not types:
+        return ""
+    names = {code: name for name, code in kernels.ISAS.items()}
+    module, isa = kernels.require(), kernels.isa_from_env()
+    return ", ".join(f"{FORMATS[t].name} {names[module.kernel_isa(t, isa)]}" for t in types)
 
 
 def _groups(
