@@ -168,6 +168,23 @@ void factored_q4k(const LinearArgs& a, const float* sx, int64_t o_begin, int64_t
       k4_factors_avx2(blk, dg, mg);
       for (int r = 0; r < R; ++r)
         acc1[r] = _mm256_fnmadd_ps(_mm256_load_ps(mg), _mm256_loadu_ps(sx + r * nsub + s * 8), acc1[r]);
+      if constexpr (R == 1) {  // one row: a pair's bytes widened once for both sub-blocks
+        for (int p = 0; p < 4; ++p) {
+          const uint8_t* qs = blk + 16 + 32 * p;
+          const float* xb = a.x + s * kSuper + 64 * p;
+          __m256 te = _mm256_setzero_ps(), tu = _mm256_setzero_ps();
+          for (int i = 0; i < 4; ++i) {
+            const __m256i v = bytes8(qs + 8 * i);
+            const __m256 e = _mm256_cvtepi32_ps(_mm256_and_si256(v, mask));
+            const __m256 u = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+            te = _mm256_fmadd_ps(e, _mm256_loadu_ps(xb + 8 * i), te);
+            tu = _mm256_fmadd_ps(u, _mm256_loadu_ps(xb + 32 + 8 * i), tu);
+          }
+          acc0[0] = _mm256_fmadd_ps(_mm256_set1_ps(dg[2 * p]), te, acc0[0]);
+          acc0[0] = _mm256_fmadd_ps(_mm256_set1_ps(dg[2 * p + 1]), tu, acc0[0]);
+        }
+        continue;
+      }
       for (int j = 0; j < 8; ++j) {  // sub-block j's 32 values: nibbles j % 2 of bytes 32 (j / 2)
         const uint8_t* qs = blk + 16 + 32 * (j / 2);
         __m256 q[4];
