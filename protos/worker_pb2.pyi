@@ -90,18 +90,20 @@ class EmbedParams(_message.Message):
     def __init__(self, normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ..., type_start: _Optional[int] = ...) -> None: ...
 
 class ContinueRequest(_message.Message):
-    __slots__ = ("request_id", "new_block_ids", "num_computed_tokens", "num_scheduled_tokens", "written")
+    __slots__ = ("request_id", "new_block_ids", "num_computed_tokens", "num_scheduled_tokens", "written", "draft_token_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     new_block_ids: _containers.RepeatedScalarFieldContainer[int]
     num_computed_tokens: int
     num_scheduled_tokens: int
     written: _containers.RepeatedCompositeFieldContainer[BlockHash]
-    def __init__(self, request_id: _Optional[str] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., written: _Optional[_Iterable[_Union[BlockHash, _Mapping]]] = ...) -> None: ...
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., written: _Optional[_Iterable[_Union[BlockHash, _Mapping]]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Plan(_message.Message):
     __slots__ = ("step_id", "new_requests", "continuing", "dropped_request_ids", "then")
@@ -118,14 +120,18 @@ class Plan(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., continuing: _Optional[_Iterable[_Union[ContinueRequest, _Mapping]]] = ..., dropped_request_ids: _Optional[_Iterable[str]] = ..., then: _Optional[_Iterable[_Union[Plan, _Mapping]]] = ...) -> None: ...
 
 class SampledToken(_message.Message):
-    __slots__ = ("request_id", "token_id", "logprob")
+    __slots__ = ("request_id", "token_id", "logprob", "num_accepted", "accepted_logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_id: int
     logprob: _frontend_pb2.TokenLogprob
-    def __init__(self, request_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprob: _Optional[_Union[_frontend_pb2.TokenLogprob, _Mapping]] = ...) -> None: ...
+    num_accepted: int
+    accepted_logprobs: _containers.RepeatedCompositeFieldContainer[_frontend_pb2.TokenLogprob]
+    def __init__(self, request_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprob: _Optional[_Union[_frontend_pb2.TokenLogprob, _Mapping]] = ..., num_accepted: _Optional[int] = ..., accepted_logprobs: _Optional[_Iterable[_Union[_frontend_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class PromptLogprobs(_message.Message):
     __slots__ = ("request_id", "start", "entries")

@@ -211,6 +211,10 @@ class LinkMetrics:
         )
 
 
+def _by_int(item: tuple[str, int]) -> int:
+    return int(item[0])
+
+
 class LedgerCollector(Collector):
     """Reads every worker's ledger at scrape time, so the numbers are exactly the ledger's.
 
@@ -249,6 +253,21 @@ class LedgerCollector(Collector):
                 "grammar_deferrals",
                 "Requests a worker left out of a step because their grammar was still compiling",
             ),
+            "drafts": counter(
+                "spec_decode_num_drafts", "Speculative decoding: steps a request drafted in"
+            ),
+            "draft_tokens": counter(
+                "spec_decode_num_draft_tokens", "Speculative decoding: tokens drafted"
+            ),
+            "accepted": counter(
+                "spec_decode_num_accepted_tokens",
+                "Speculative decoding: drafted tokens the worker kept",
+            ),
+            "accepted_per_pos": counter(
+                "spec_decode_num_accepted_tokens_per_pos",
+                "Speculative decoding: drafted tokens kept, by position in the draft",
+                ["position"],
+            ),
             "entries": gauge("tracker_entries", "Live tracker entries"),
             "total": gauge("kv_blocks_capacity", "KV blocks in the worker's pool (its capacity)"),
             "in_use": gauge("kv_blocks_in_use", "KV blocks referenced by a request"),
@@ -277,6 +296,11 @@ class LedgerCollector(Collector):
             fams["evictions"].add_metric(lv, snap.evictions)
             fams["preemptions"].add_metric(lv, snap.preemptions)
             fams["deferrals"].add_metric(lv, snap.grammar_deferrals)
+            fams["drafts"].add_metric(lv, snap.spec_drafts)
+            fams["draft_tokens"].add_metric(lv, snap.spec_draft_tokens)
+            fams["accepted"].add_metric(lv, snap.spec_accepted_tokens)
+            for position, n in sorted(snap.spec_accepted_per_position.items(), key=_by_int):
+                fams["accepted_per_pos"].add_metric(lv + [position], n)
             if not live:
                 continue
             fams["entries"].add_metric(lv, snap.tracker_entries)

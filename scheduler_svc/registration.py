@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from kvledger.config.speculative import parse_speculative_config
 from protos import frontend_pb2, worker_pb2
 from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.speculative import SpecConfig
 from scheduler_svc.errors import PlacementError
 
 if TYPE_CHECKING:
@@ -81,6 +83,7 @@ def ledger_config(
             enable_chunked_prefill=chunked,
             scheduling_policy=config.scheduling_policy,
             kv_cache=not is_embed,
+            speculative=None if is_embed else speculative_of(config.speculative_config),
             debug_invariants=config.debug_invariants,
         )
     except ValueError as err:  # a registration no ledger can be built for: permanent
@@ -90,6 +93,12 @@ def ledger_config(
         ) from err
     check_consistent(reg, connected)
     return cfg
+
+
+def speculative_of(text: str) -> SpecConfig | None:
+    """The core's drafting settings from `--speculative-config` (checked when parsed)."""
+    fields = parse_speculative_config(text)
+    return None if fields is None else SpecConfig(**fields)
 
 
 def check_against_peers(

@@ -44,6 +44,8 @@ def request_from_generate(
         cache_salt=req.cache_salt or None,
         # Prompt logprobs need every prompt position computed: nothing read from the cache.
         skip_prefix_cache=req.skip_prefix_cache or req.sampling.HasField("prompt_logprobs"),
+        # A draft would need the grammar's verdict, which only the worker holds.
+        may_speculate=not req.sampling.HasField("structured"),
     )
 
 
@@ -106,6 +108,7 @@ def plan_from_output(
             num_computed_tokens=cont.num_computed_tokens,
             num_scheduled_tokens=cont.num_scheduled_tokens,
             written=_hashes(cont.written),
+            draft_token_ids=cont.draft_token_ids,
         )
     return plan
 
@@ -113,9 +116,14 @@ def plan_from_output(
 def model_result_from(result: worker_pb2.StepResult) -> ModelResult:
     # A request either samples or embeds: one payload at most each.
     payloads: dict[str, object] = {e.request_id: list(e.values) for e in result.embeddings}
-    payloads.update((s.request_id, s.logprob) for s in result.sampled if s.HasField("logprob"))
+    payloads.update(
+        (s.request_id, [*s.accepted_logprobs, s.logprob] if s.num_accepted else s.logprob)
+        for s in result.sampled
+        if s.HasField("logprob")
+    )
     return ModelResult(
         sampled={s.request_id: s.token_id for s in result.sampled},
+        accepted={s.request_id: s.num_accepted for s in result.sampled if s.num_accepted},
         errored={e.request_id: e.message for e in result.errors},
         stale_request_ids=list(result.stale_request_ids),
         deferred_request_ids=list(result.deferred_request_ids),
@@ -139,14 +147,15 @@ def delivery_from(update: RequestUpdate, live: LiveRequest) -> Delivery:
 
 
 def token_logprobs(update: RequestUpdate, live: LiveRequest) -> list[frontend_pb2.TokenLogprob]:
-    """The logprob the worker sent with each new token (at most one a step: the update's
-    payload). A token that came without one is a bug signal: logged, and given NaN, never a
-    made-up number."""
+    """The logprob the worker sent with each new token (the update's payload: one, or one for
+    each token a speculative step kept, in order). A token that came without one is a bug
+    signal: logged, and given NaN, never a made-up number."""
     payload, out = update.payload, []
+    sent = payload if isinstance(payload, list) else [payload]
+    pending = [p for p in sent if isinstance(p, frontend_pb2.TokenLogprob)][::-1]
     for token in update.new_token_ids:
-        if isinstance(payload, frontend_pb2.TokenLogprob) and payload.token_id == token:
-            out.append(payload)
-            payload = None
+        if pending and pending[-1].token_id == token:
+            out.append(pending.pop())
         else:
             log.warning("request %s: no logprob for token %d", live.request_id, token)
             out.append(frontend_pb2.TokenLogprob(token_id=token, logprob=float("nan")))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
 
 from kvledger.structured import StructuredError
 from worker.link.step import ContinueSeq, EmbedParams, NewSeq, StepOutput, StepPlan
@@ -26,31 +25,9 @@ from worker.provenance import PlanWrites, Provenance
 from worker.runner.base import Runner
 from worker.runner.batch import SeqChunk, check_chunk, still_compiling
 from worker.runner.pooling import EmbedItem, check_item
-from worker.sample.constraints import Constraint
-from worker.sample.sampling_params import SamplingParams
+from worker.seq_state import SeqState, StepCounters
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SeqState:
-    request_id: str
-    token_ids: list[int]
-    block_table: list[int]
-    num_prompt_tokens: int
-    num_computed_tokens: int
-    sampling: SamplingParams
-    embed: EmbedParams | None
-    # Structured outputs: the grammar matcher, made at the first chunk; a request placed
-    # again (preemption, a lost worker) is a new SeqState whose matcher replays its outputs.
-    constraint: Constraint | None = None
-
-
-@dataclass
-class StepCounters:
-    stale_block_hits: int = 0
-    blocks_stored: int = 0
-    blocks_removed: int = 0
 
 
 class Executor:
@@ -184,6 +161,7 @@ class Executor:
             )
         self.provenance.forget(cont.new_block_ids)
         seq.block_table.extend(cont.new_block_ids)
+        seq.drafts = cont.draft_token_ids
         return seq
 
     def _run(
@@ -231,9 +209,11 @@ class Executor:
             return None, "this worker only computes embeddings"
         start = seq.num_computed_tokens
         end = start + count
-        if end > len(seq.token_ids):
+        tokens = seq.token_ids + seq.drafts if seq.drafts else seq.token_ids
+        if end > len(tokens) or (seq.drafts and end != len(tokens)):
             return None, (
                 f"the plan schedules tokens up to {end}, the request has {len(seq.token_ids)}"
+                f" and {len(seq.drafts)} drafted"
             )
         spec = seq.sampling.structured
         if spec is not None and seq.constraint is None:
@@ -243,14 +223,15 @@ class Executor:
                 return None, str(err)
         chunk = SeqChunk(
             request_id=seq.request_id,
-            token_ids=seq.token_ids[start:end],
+            token_ids=tokens[start:end],
             start_pos=start,
             block_table=seq.block_table,
-            sample=end == len(seq.token_ids),
+            sample=end == len(tokens),
             sampling=seq.sampling,
             all_token_ids=seq.token_ids,
             num_prompt_tokens=seq.num_prompt_tokens,
             constraint=seq.constraint,
+            num_drafts=len(seq.drafts),
         )
         error = check_chunk(chunk, self.runner.limits)
         return (None, error) if error else (chunk, None)
@@ -277,14 +258,27 @@ class Executor:
                 self._fail(chunk.request_id, sample.error, writes, out)
                 continue
             seq = self.seqs[chunk.request_id]
-            seq.num_computed_tokens += len(chunk.token_ids)
+            seq.num_computed_tokens += len(chunk.token_ids) - chunk.num_drafts
             if sample is None:
                 continue
             if sample.prompt_logprobs is not None:
                 out.prompt_logprobs.append((seq.request_id, sample.prompt_logprobs))
             if chunk.sample:
+                if chunk.num_drafts:
+                    self._keep_drafts(seq, sample.accepted_ids)
                 seq.token_ids.append(sample.token_id)
                 out.sampled.append((seq.request_id, sample))
+
+    def _keep_drafts(self, seq: SeqState, kept: list[int]) -> None:
+        """The drafts kept are tokens now, their positions computed; the blocks only rejected
+        drafts reached leave the table, as the scheduler trims its own (the same rule: the
+        blocks that hold the computed tokens)."""
+        seq.drafts = []
+        seq.token_ids.extend(kept)
+        seq.num_computed_tokens += len(kept)
+        size = self.runner.limits.block_size
+        needed = -(-seq.num_computed_tokens // size)
+        del seq.block_table[needed:]
 
     def _embed(self, items: list[EmbedItem], writes: PlanWrites, out: StepOutput) -> None:
         vectors = self.runner.embed(items)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvledger.config.speculative import parse_speculative_config
 from kvledger.groups import (
     LOOPBACK,
     SCHEDULER_GRPC_PORT,
@@ -68,10 +69,18 @@ class EngineConfig:
         "in groups of up to this many; 1 = a message per step",
         ge=1,
     )
+    speculative_config: str = option(
+        "",
+        "speculative decoding, as vLLM's JSON: "
+        '\'{"method": "ngram", "num_speculative_tokens": 4}\' drafts from the request\'s own '
+        "text (prompt_lookup_min/max: n-gram lengths matched, default 3/5); method suffix drafts "
+        "as long as the match (suffix_decoding_max_spec_factor); '' = off",
+    )
     debug_invariants: bool = option(False, "check every ledger invariant after every step")
 
     def __post_init__(self) -> None:
         check_bounds(self)
+        parse_speculative_config(self.speculative_config)
 
 
 @dataclass(frozen=True)

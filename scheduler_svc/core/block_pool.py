@@ -64,6 +64,15 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
 
+    def give_back(self, blocks: Iterable[KVBlock]) -> None:
+        """Blocks a table held only for positions it no longer needs (rejected draft tokens):
+        they carry no hash, so they go to the front of the queue and are taken before any
+        cached block is evicted."""
+        for block in blocks:
+            assert block.ref_cnt == 1 and block.block_hash is None, f"{block} is not spare"
+            block.ref_cnt = 0
+            self.free_queue.appendleft(block)
+
     def find_prefix(
         self,
         token_ids: Sequence[int],

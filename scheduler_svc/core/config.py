@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduler_svc.core.speculative import SpecConfig
+
 POLICIES = ("fcfs", "priority", "fair")
 
 
@@ -27,6 +29,8 @@ class SchedulerConfig:
     # turns, each in arrival order (core/fair.py)
     scheduling_policy: str = "fcfs"
     kv_cache: bool = True  # False: the no-KV manager (embedding models)
+    # speculative decoding's drafting (core/speculative.py); None: off
+    speculative: SpecConfig | None = None
     debug_invariants: bool = False
 
     def __post_init__(self) -> None:

@@ -40,6 +40,16 @@ class FreeBlockQueue:
         self._tail.prev_free = block
         self._len += 1
 
+    def appendleft(self, block: KVBlock) -> None:
+        """At the front: the next block taken (one that holds nothing worth keeping)."""
+        first = self._head.next_free
+        assert first is not None
+        block.prev_free = self._head
+        block.next_free = first
+        first.prev_free = block
+        self._head.next_free = block
+        self._len += 1
+
     def remove(self, block: KVBlock) -> None:
         prev, nxt = block.prev_free, block.next_free
         if prev is None or nxt is None:

@@ -70,7 +70,9 @@ def check_scheduler(scheduler: Ledger) -> None:
     for request in running:
         ensure(request.status is RequestStatus.RUNNING, f"{request.request_id} not RUNNING")
         ensure(
-            0 < request.num_computed_tokens <= request.num_tokens + request.num_placeholders,
+            0
+            < request.num_computed_tokens
+            <= request.num_tokens + request.num_placeholders + request.num_drafts,
             f"{request.request_id}: computed {request.num_computed_tokens} of "
             f"{request.num_tokens} tokens and {request.num_placeholders} placeholders",
         )

@@ -78,6 +78,11 @@ class KVManager(ABC):
         """Grow a table to hold num_tokens; the new block ids, or None (and no change)."""
 
     @abstractmethod
+    def trim(self, request_id: str, num_tokens: int) -> int:
+        """Shrink a table to the blocks that hold num_tokens (speculative decoding: slots
+        taken for draft tokens the worker rejected); how many blocks went back."""
+
+    @abstractmethod
     def commit_full_blocks(
         self,
         request_id: str,

@@ -122,6 +122,16 @@ class KVCacheManager(KVManager):
         blocks.extend(new_blocks)
         return [block.block_id for block in new_blocks]
 
+    def trim(self, request_id: str, num_tokens: int) -> int:
+        table = self.tables[request_id]
+        keep = cdiv(num_tokens, self.block_size)
+        assert keep >= table.num_committed, "trimming a committed block"
+        spare = table.blocks[keep:]
+        if spare:
+            del table.blocks[keep:]
+            self.pool.give_back(reversed(spare))
+        return len(spare)
+
     def commit_full_blocks(
         self,
         request_id: str,

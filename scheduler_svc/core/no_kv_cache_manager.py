@@ -55,6 +55,9 @@ class NoKVCacheManager(KVManager):
     def allocate_slots(self, request_id: str, num_tokens: int) -> list[int] | None:
         return []
 
+    def trim(self, request_id: str, num_tokens: int) -> int:
+        return 0
+
     def commit_full_blocks(
         self,
         request_id: str,

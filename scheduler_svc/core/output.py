@@ -40,6 +40,9 @@ class ScheduledCont:
     written: list[BlockHashPair]
     samples: bool = False
     placement: int = 0
+    # Speculative decoding: tokens guessed to follow the last one, scheduled after it (counted
+    # in num_scheduled_tokens); the worker keeps those its sampling agrees with.
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -103,6 +106,8 @@ class ModelResult:
     """What the worker reported for one SchedulerOutput."""
 
     sampled: dict[str, int] = field(default_factory=dict)
+    # request_id -> how many of its draft tokens the worker kept (ahead of its sampled token)
+    accepted: dict[str, int] = field(default_factory=dict)
     errored: dict[str, str] = field(default_factory=dict)  # request_id -> message
     stale_request_ids: list[str] = field(default_factory=list)  # refused claims: recompute
     # not run, their grammar still compiling while others ran: back to the queue, no cost

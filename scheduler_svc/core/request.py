@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum, auto
 
+from scheduler_svc.core.speculative import DraftState
+
 
 class RequestStatus(Enum):
     WAITING = auto()
@@ -37,6 +39,8 @@ class Request:
     cache_salt: str | None = None
     skip_prefix_cache: bool = False  # prompt-logprob requests must compute every position
     is_embedding: bool = False  # no output tokens: finishes (STOP) once its prompt is computed
+    # False: never drafted for (structured outputs: a draft would need the grammar's verdict)
+    may_speculate: bool = True
     # state, owned by the scheduler
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -48,6 +52,10 @@ class Request:
     # Sampling steps planned whose token the scheduler does not know yet (async scheduling:
     # the worker computes step N+1 on the token it samples in step N). 0 in lockstep.
     num_placeholders: int = 0
+    # Draft tokens of the step in flight (speculative decoding, core/speculative.py): counted
+    # in num_computed_tokens until the worker says how many it kept.
+    num_drafts: int = 0
+    drafting: DraftState | None = field(default=None, repr=False)
     # Tokens known when its full blocks were last committed (hashed and declared written):
     # a block filled by a placeholder is committed only once its token is known.
     num_committed_tokens: int = 0
@@ -99,5 +107,6 @@ class Request:
         self.status = status
         self.num_computed_tokens = 0
         self.num_placeholders = 0
+        self.num_drafts = 0
         self.num_committed_tokens = 0
         self.placement += 1

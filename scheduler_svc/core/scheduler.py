@@ -42,6 +42,7 @@ from scheduler_svc.core.output import (
 )
 from scheduler_svc.core.policy import make_waiting_queue, running_order
 from scheduler_svc.core.request import FinishReason, Request, RequestStatus
+from scheduler_svc.core.speculative import DraftState, NgramIndex, propose, settle
 from scheduler_svc.core.stats import SchedulerSnapshot, SchedulerStats, bump
 from scheduler_svc.core.stop_conditions import at_length, stop_reason
 from scheduler_svc.core.tracker import ComputedBlocksTracker
@@ -117,6 +118,10 @@ class Scheduler:
             num_running=len(self.running),
             num_waiting=len(self.waiting),
             grammar_deferrals=stats.grammar_deferrals,
+            spec_drafts=stats.spec_drafts,
+            spec_draft_tokens=stats.spec_draft_tokens,
+            spec_accepted_tokens=stats.spec_accepted_tokens,
+            spec_accepted_per_position=dict(stats.spec_accepted_per_position),
         )
 
     def check_invariants(self) -> None:
@@ -215,7 +220,12 @@ class Scheduler:
             computed = request.num_computed_tokens
             end = request.num_tokens + request.num_placeholders
             num_new = end - computed
-            if num_new <= 0 or not may_plan_ahead(request, self.max_len):
+            if (
+                request.num_drafts
+                or num_new <= 0
+                or not may_plan_ahead(request, self.max_len)
+                or (request.num_placeholders and self._drafts_next(request))
+            ):
                 i += 1  # waits for the token of a step still in flight
                 continue
             if num_new > budget:
@@ -225,7 +235,11 @@ class Scheduler:
                 num_new = budget
             total = computed + num_new
             rid = request.request_id
-            new_block_ids = kv.allocate_slots(rid, total)
+            drafts = self._drafts(request, num_new, budget)
+            new_block_ids = kv.allocate_slots(rid, total + len(drafts))
+            if new_block_ids is None and drafts:
+                drafts = []  # a draft never preempts anyone: the step goes on without it
+                new_block_ids = kv.allocate_slots(rid, total)
             while new_block_ids is None:
                 victim = running.pop()  # the back of the policy order
                 self._requeue(victim, "preempted")
@@ -238,17 +252,46 @@ class Scheduler:
                 break  # it preempted itself; it was the last one left to serve
             written = self._commit_known(request, total)
             samples = total == end
+            num_new += len(drafts)
             cont.append(
                 ScheduledCont(
                     rid, new_block_ids, computed, num_new, written, samples, request.placement
                 )
             )
-            request.num_computed_tokens = total
+            if drafts:
+                cont[-1].draft_token_ids = drafts
+                request.num_drafts = len(drafts)
+                self.stats.spec_drafts += 1
+                self.stats.spec_draft_tokens += len(drafts)
+            request.num_computed_tokens = computed + num_new
             if samples and not request.is_embedding:
                 request.num_placeholders += 1
             budget -= num_new
             i += 1
         return budget, preempted
+
+    def _drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """Tokens drafted to follow a decode step's token (core/speculative.py), within the
+        token budget, max_tokens and the context. None without --speculative-config, for a
+        prompt chunk, or while a step that samples for the request is in flight (its token,
+        which a draft would follow, is not known yet)."""
+        spec = self.config.speculative
+        if spec is None or num_new != 1 or not request.may_speculate:
+            return []
+        if request.num_placeholders:  # planned ahead while backing off: a step of its wait
+            if request.drafting is not None:
+                request.drafting.tick()
+            return []
+        limit = min(
+            budget - 1,
+            request.max_tokens - request.num_output_tokens - 1,
+            self.max_len - request.num_tokens - 1,
+        )
+        if limit < 1 or request.is_embedding:
+            return []
+        if request.drafting is None:
+            request.drafting = DraftState(NgramIndex(spec.min_match))
+        return propose(spec, request.drafting, request.all_token_ids, limit)
 
     def _take_seat_for(self, stall: Stall) -> None:
         """Fair policy (core/fair.py): a head that found no seat or block in the last pass,
@@ -451,12 +494,57 @@ class Scheduler:
                 self._finish(request, FinishReason.ERROR, message, "error", batched=True)
                 updates.append(update_of(request))
                 continue
-            request.append_output_token(token)
-            reason = stop_reason(request, token, max_len)
-            if reason is not None:
-                self._finish(request, reason, "", "finished", batched=True)
+            tokens = [token]
+            if request.num_drafts:
+                kept = self._settle_drafts(request, item, result.accepted.get(item.request_id, 0))
+                if kept is None:
+                    message = "the worker kept more draft tokens than were scheduled"
+                    self._finish(request, FinishReason.ERROR, message, "error", batched=True)
+                    updates.append(update_of(request))
+                    continue
+                tokens = kept + tokens
+            appended: list[int] = []
+            for token in tokens:  # a stop among kept drafts ends the request there
+                request.append_output_token(token)
+                appended.append(token)
+                reason = stop_reason(request, token, max_len)
+                if reason is not None:
+                    self._finish(request, reason, "", "finished", batched=True)
+                    break
             payload = result.payloads.get(request.request_id)
-            updates.append(update_of(request, [token], payload))  # with its finish, if it ended
+            updates.append(update_of(request, appended, payload))  # with its finish, if it ended
+
+    def _drafts_next(self, request: Request) -> bool:
+        """Whether the request drafts at its next step: then it is not planned ahead on a
+        placeholder (async scheduling, bundles), since its draft follows that very token. A
+        request backing off from rejected drafts is planned ahead as any other."""
+        drafting = request.drafting
+        return (
+            self.config.speculative is not None
+            and request.may_speculate
+            and not request.is_embedding
+            and (drafting is None or drafting.wait == 0)
+        )
+
+    def _settle_drafts(
+        self, request: Request, item: ScheduledNew | ScheduledCont, accepted: int
+    ) -> list[int] | None:
+        """The drafts the worker kept (the first `accepted`), or None for a verdict on more
+        than were scheduled. Positions of rejected drafts stop counting as computed, and the
+        blocks only they took go back: their KV is never declared written, never read."""
+        drafts = item.draft_token_ids if isinstance(item, ScheduledCont) else []
+        request.num_drafts = 0
+        if not 0 <= accepted <= len(drafts):
+            return None
+        request.num_computed_tokens = item.num_computed_tokens + 1 + accepted
+        self.kv.trim(request.request_id, request.num_computed_tokens)
+        stats = self.stats
+        stats.spec_accepted_tokens += accepted
+        for position in range(accepted):
+            bump(stats.spec_accepted_per_position, str(position))
+        if request.drafting is not None:
+            settle(request.drafting, len(drafts), accepted)
+        return drafts[:accepted]
 
     def _forget_unwritten(self, output: SchedulerOutput, request_ids: set[str]) -> None:
         """Blocks declared written by requests the worker did not run hold no such content.

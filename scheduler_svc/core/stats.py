@@ -46,6 +46,12 @@ class SchedulerStats:
     evictions: int = 0  # cached blocks taken from the free queue for new content
     preemptions: int = 0
     grammar_deferrals: int = 0  # requests not run a step: their grammar was still compiling
+    # Speculative decoding (vLLM's spec_decode_* counters): steps a request drafted in, tokens
+    # drafted, drafts kept, and drafts kept by their position in the draft ("0" the first).
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,3 +74,7 @@ class SchedulerSnapshot:
     num_running: int
     num_waiting: int
     grammar_deferrals: int = 0
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: dict[str, int] = field(default_factory=dict)

@@ -92,7 +92,10 @@ class FakeWorker:
         }
         for item in chain(out.new, out.cont):
             if item.request_id not in failed:
-                self._write(item.request_id, item.num_scheduled_tokens, item.written, shared_now)
+                drafts = getattr(item, "draft_token_ids", [])
+                self._write(
+                    item.request_id, item.num_scheduled_tokens, item.written, shared_now, drafts
+                )
         for new in out.new:
             self._check_claims(new.request_id, new.claimed, unwritten)
         result = ModelResult(errored=errored, stale_request_ids=sorted(refused))
@@ -165,9 +168,16 @@ class FakeWorker:
         return [pair for new in out.new if new.request_id == rid for pair in new.claimed]
 
     def _write(
-        self, rid: str, num_new: int, written: list[tuple[int, bytes]], shared_now: set[int]
+        self,
+        rid: str,
+        num_new: int,
+        written: list[tuple[int, bytes]],
+        shared_now: set[int],
+        drafts: list[int],
     ) -> None:
-        size, table, tokens = self.block_size, self.tables[rid], self.tokens[rid]
+        """Drafted tokens are written as they are: a block a rejected draft reached holds the
+        draft, and any claim or cached hash that names it as the request's text fails."""
+        size, table, tokens = self.block_size, self.tables[rid], self.tokens[rid] + drafts
         start, end = self.computed[rid], self.computed[rid] + num_new
         assert end <= len(tokens), f"{rid}: scheduled past its known tokens"
         if not self.kv:
@@ -184,7 +194,7 @@ class FakeWorker:
             block_end = (index + 1) * size
             if block_end <= end:
                 self.truth[block] = (salt, tuple(tokens[:block_end]))
-                if block_end > start:
+                if start < block_end <= end - len(drafts):  # full of known tokens
                     full_now.append(block)
             else:
                 self.truth[block] = None  # partial: holds nothing claimable
@@ -253,9 +263,32 @@ class FakeWorker:
             if self.requests[rid].is_embedding:
                 result.embedded.append(rid)
                 continue
+            drafts = getattr(item, "draft_token_ids", [])
+            if drafts:
+                self._verify(rid, item.num_computed_tokens, drafts, result)
+                continue
             token = self.next_token(rid, self.tokens[rid])
             self.tokens[rid].append(token)
             result.sampled[rid] = token
+
+    def _verify(self, rid: str, start: int, drafts: list[int], result: ModelResult) -> None:
+        """Speculative decoding as a worker does it: the drafts that equal the tokens it
+        would have sampled are kept, then its own token; positions past them stop counting
+        and the blocks only they reached leave the table."""
+        tokens = self.tokens[rid]
+        kept = 0
+        token = self.next_token(rid, tokens)
+        while kept < len(drafts) and token == drafts[kept]:
+            tokens.append(token)
+            kept += 1
+            token = self.next_token(rid, tokens)
+        tokens.append(token)
+        result.sampled[rid] = token
+        if kept:
+            result.accepted[rid] = kept
+        self.computed[rid] = start + 1 + kept
+        if self.kv:
+            del self.tables[rid][-(-self.computed[rid] // self.block_size) :]
 
     def _drop(self, blocks: Iterable[int], result: ModelResult) -> None:
         held = {b for table in self.tables.values() for b in table}

@@ -30,6 +30,7 @@ from scheduler_svc.core import Request, RequestStatus, Scheduler, SchedulerOutpu
 from scheduler_svc.core.block_hash import extend_chain, request_extra_keys
 from scheduler_svc.core.kv_block import KVBlock
 from scheduler_svc.core.kv_cache_interface import CacheLookup
+from scheduler_svc.core.speculative import SpecConfig
 from tests.core.fakes import FakeWorker
 from tests.core.harness import Harness, config
 
@@ -99,6 +100,9 @@ class LedgerMachine(RuleBasedStateMachine):
     # Bundles apply results as the scheduler's link does: the oldest bundle's results back to
     # back (down to half the depth), then plans one by one up to the depth again.
     burst = False
+    # Speculative decoding: drafts from n-grams of one token or more, so that the small
+    # vocabulary's repeats draft often and are kept or rejected in every mix.
+    spec: SpecConfig | None = None
 
     @property
     def ahead(self) -> bool:
@@ -144,8 +148,10 @@ class LedgerMachine(RuleBasedStateMachine):
             enable_prefix_caching=caching,
             enable_chunked_prefill=chunked,
             scheduling_policy=policy,
+            speculative=self.spec,
         )
-        worker = FakeWorker(block_size, kv=self.kv, next_token=next_token, late=self.ahead)
+        late = self.ahead or self.spec is not None  # kept drafts: their blocks declared next step
+        worker = FakeWorker(block_size, kv=self.kv, next_token=next_token, late=late)
         self.h = Harness(Scheduler(cfg), worker)
 
     @rule(arrival=ARRIVALS)
@@ -450,6 +456,40 @@ class LedgerBundlesWithoutKV(LedgerMachine):
     burst = True
 
 
+SPEC = SpecConfig(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
+
+
+class LedgerSpeculativeWithKV(LedgerMachine):
+    kv = True
+    spec = SPEC
+
+
+class LedgerSpeculativeWithoutKV(LedgerMachine):
+    kv = False
+    spec = SPEC
+
+
+class LedgerSpeculativeAheadWithKV(LedgerMachine):
+    kv = True
+    depth = 2
+    spec = SPEC
+
+
+class LedgerSpeculativeBundlesWithKV(LedgerMachine):
+    kv = True
+    depth = 5
+    burst = True
+    spec = SpecConfig(method="suffix", num_speculative_tokens=4, prompt_lookup_min=1)
+
+
+TestLedgerSpeculativeWithKV = LedgerSpeculativeWithKV.TestCase
+TestLedgerSpeculativeWithKV.settings = settings(SETTINGS, max_examples=200)
+TestLedgerSpeculativeWithoutKV = LedgerSpeculativeWithoutKV.TestCase
+TestLedgerSpeculativeWithoutKV.settings = settings(SETTINGS, max_examples=40)
+TestLedgerSpeculativeAheadWithKV = LedgerSpeculativeAheadWithKV.TestCase
+TestLedgerSpeculativeAheadWithKV.settings = settings(SETTINGS, max_examples=150)
+TestLedgerSpeculativeBundlesWithKV = LedgerSpeculativeBundlesWithKV.TestCase
+TestLedgerSpeculativeBundlesWithKV.settings = settings(SETTINGS, max_examples=100)
 TestLedgerAheadWithKV = LedgerAheadWithKV.TestCase
 TestLedgerAheadWithKV.settings = settings(SETTINGS, max_examples=250)
 TestLedgerAheadWithoutKV = LedgerAheadWithoutKV.TestCase

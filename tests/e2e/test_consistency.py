@@ -66,11 +66,18 @@ def run_concurrently(url: str) -> list[str]:
     return texts  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize("caching", ["--enable-prefix-caching", "--no-enable-prefix-caching"])
-def test_greedy_matches_reference_under_preemption(tmp_path, reference, caching):
+SPECULATIVE = ("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}')
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [("--enable-prefix-caching",), ("--no-enable-prefix-caching",), SPECULATIVE],
+    ids=["cache-on", "cache-off", "speculative"],
+)
+def test_greedy_matches_reference_under_preemption(tmp_path, reference, flags):
     # Each request grows to ~75 tokens (5 blocks of 16); 12 blocks cannot hold three of them:
     # preemption happens however the 8 arrive and however many steps a message carries.
-    served = start_serve(tmp_path, caching, "--num-kv-blocks", "12", "--max-num-seqs", "8")
+    served = start_serve(tmp_path, *flags, "--num-kv-blocks", "12", "--max-num-seqs", "8")
     try:
         texts = run_concurrently(served.url)
         assert texts == reference
@@ -80,7 +87,10 @@ def test_greedy_matches_reference_under_preemption(tmp_path, reference, caching)
         assert metric_sum(samples, "kvledger_tracker_entries") == 0
         assert metric_sum(samples, "kvledger_tracker_orphans_total") == 0
         hits = metric_sum(samples, "kvledger_prefix_cache_hits_total")
-        assert (hits > 0) == (caching == "--enable-prefix-caching")
+        assert (hits > 0) == ("--no-enable-prefix-caching" not in flags)
+        accepted = metric_sum(samples, "kvledger_spec_decode_num_accepted_tokens_total")
+        drafted = metric_sum(samples, "kvledger_spec_decode_num_draft_tokens_total")
+        assert (drafted >= accepted > 0) == (flags == SPECULATIVE)
     finally:
         served.stop()
 

@@ -45,6 +45,9 @@ class ContinueSeq:
     num_computed_tokens: int
     num_scheduled_tokens: int
     written: list[BlockHashPair]
+    # Speculative decoding: tokens drafted to follow the last one, the last of the scheduled
+    # tokens; every position is sampled and the drafts sampling agrees with are kept.
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -79,6 +79,7 @@ def plan_from_wire(plan: worker_pb2.Plan) -> StepPlan:
                 num_computed_tokens=cont.num_computed_tokens,
                 num_scheduled_tokens=cont.num_scheduled_tokens,
                 written=_pairs(cont.written),
+                draft_token_ids=list(cont.draft_token_ids),
             )
             for cont in plan.continuing
         ],
@@ -108,9 +109,14 @@ def result_to_wire(out: StepOutput) -> worker_pb2.StepResult:
 
 
 def _add_sampled(result: worker_pb2.StepResult, request_id: str, sample: Sample) -> None:
-    sampled = result.sampled.add(request_id=request_id, token_id=sample.token_id)
+    sampled = result.sampled.add(
+        request_id=request_id, token_id=sample.token_id, num_accepted=sample.num_accepted
+    )
     if sample.logprobs is not None:
         _fill_logprob(sampled.logprob, sample.token_id, sample.logprobs)
+    if sample.accepted_logprobs:  # asked for: one for each kept draft
+        for token_id, lp in zip(sample.accepted_ids, sample.accepted_logprobs, strict=True):
+            _fill_logprob(sampled.accepted_logprobs.add(), token_id, lp)
 
 
 def _add_prompt_logprobs(

@@ -29,6 +29,9 @@ class SeqChunk:
     num_prompt_tokens: int = 0
     # The request's grammar matcher (structured outputs), kept by the executor; None: free text.
     constraint: Constraint | None = None
+    # Speculative decoding: the last num_drafts of token_ids are drafted, not known; every
+    # position from the last known token on is sampled (worker/sample/verify.py).
+    num_drafts: int = 0
 
     @property
     def end_pos(self) -> int:

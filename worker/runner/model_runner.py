@@ -34,6 +34,7 @@ from worker.runner.setup import (
 from worker.sample import sampler as sampling_rules
 from worker.sample.constraints import Constraint, Grammars
 from worker.sample.sampler import NONFINITE_LOGITS, PromptLogprobs, Sample, Sampler, score_tokens
+from worker.sample.verify import draft_views, verdicts, view_rows
 
 log = logging.getLogger(__name__)
 
@@ -197,23 +198,26 @@ class ModelRunner:
         if not chunks:
             return []
         sampling = [i for i, c in enumerate(chunks) if c.sample]
+        # every position to sample: a chunk's last, or each from a drafted chunk's last known
+        views = draft_views(chunks, sampling)
         # The grammar masks of the structured rows, computed while the forward runs.
         constrained = [
             (row, c.constraint, c.all_token_ids[c.num_prompt_tokens :])
-            for row, c in enumerate(chunks[i] for i in sampling)
+            for row, (_, c) in enumerate(views)
             if c.constraint is not None
         ]
         masks = self.grammars.start(constrained) if constrained else None
         last_rows, hidden = self.forward(chunks)
         out: list[Sample | None] = [None] * len(chunks)
         if sampling:
-            rows = torch.tensor([last_rows[i] for i in sampling], device=self.device)
-            picked, last = [chunks[i] for i in sampling], hidden[rows]
+            flat = view_rows(views, sampling, chunks, last_rows)
+            rows = torch.tensor(flat, device=self.device)
+            picked, last = [view for _, view in views], hidden[rows]
             samples = self._screened(last, picked)
             if samples is None:
                 logits = self.model.compute_logits(last)
                 samples = self.sampler(logits, picked, masks.result() if masks else None)
-            for i, sample in zip(sampling, samples, strict=True):
+            for i, sample in zip(sampling, verdicts(chunks, sampling, views, samples), strict=True):
                 out[i] = sample
         for i, chunk in enumerate(chunks):
             if chunk.num_prompt_scored:

@@ -10,7 +10,7 @@ settings. A row whose logits hold NaN or inf fails alone.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 
 import torch
@@ -43,6 +43,14 @@ class Sample:
     logprobs: TokenLogprobs | None = None
     error: str | None = None  # set: this request failed; token_id means nothing
     prompt_logprobs: PromptLogprobs | None = None
+    # Speculative decoding: the draft tokens kept ahead of token_id, and their logprobs when
+    # asked for (worker/sample/verify.py)
+    accepted_ids: list[int] = field(default_factory=list)
+    accepted_logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted_ids)
 
 
 NONFINITE_LOGITS = "the model produced NaN or infinite logits"
