@@ -122,9 +122,10 @@ def test_many_requests_on_a_pool_that_preempts_give_the_same_tokens(runner):  # 
 
 
 def test_the_kept_tokens_follow_the_model_over_many_seeds(runner):  # noqa: ANN001
-    """The rejection rule, checked where it decides: with temperature 0.05 (this random model is nearly flat) and no filter, each of
-    40 seeds gives the same tokens with and without drafts. A rule that kept a draft the model
-    did not sample (say, any draft it gives over 10%) would change some of them."""
+    """The rejection rule, checked where it decides: with no filter, each of 40 seeds gives the
+    same tokens with and without drafts (temperature 0.05: this random model is nearly flat).
+    A rule that kept a draft the model did not sample (say, any draft it gives over 10%) would
+    change some of them."""
     sampling = [frontend_pb2.SamplingParams(temperature=0.05, seed=s) for s in range(40)]
     off = serve(runner, None, sampling, max_tokens=8)
     on = serve(runner, NGRAM, sampling, max_tokens=8)
