@@ -201,6 +201,28 @@ ROWS: list[Row] = [
                 unit="short",
             ),
             Panel(
+                "Speculative decoding: drafts kept",
+                "Drafted tokens the workers kept / drafted tokens (--speculative-config), and "
+                "drafted tokens /s, per model. A low share means drafts rarely match what the "
+                "model writes: requests then back off from drafting (docs/architecture.md).",
+                [
+                    (
+                        f"{rate('kvledger_spec_decode_num_accepted_tokens_total', 'model')} / "
+                        f"{rate('kvledger_spec_decode_num_draft_tokens_total', 'model')}",
+                        "kept {{model}}",
+                    ),
+                    (
+                        rate("kvledger_spec_decode_num_drafts_total", "model"),
+                        "drafts /s {{model}}",
+                    ),
+                    (
+                        rate("kvledger_spec_decode_num_accepted_tokens_per_pos_total", "position"),
+                        "kept /s at position {{position}}",
+                    ),
+                ],
+                unit="short",
+            ),
+            Panel(
                 "Finished requests /s by reason",
                 "Requests that ended, by finish reason (stop, length, abort, ...).",
                 [(rate("kvledger_requests_finished_total", "reason"), "{{reason}}")],

@@ -26,7 +26,8 @@ GRAFANA = REPO / "deploy" / "grafana"
 # dashboard (ALSO_EXPORTED): kv_blocks_cached (the scheduler's "blocks cached" gauge),
 # http_requests_total (the frontend's responses), http_request_timeouts_total (slow clients cut
 # off), request_resumptions_total (requests that outlived a scheduler restart) and
-# worker_step_timeouts_total (workers dropped by --worker-step-timeout).
+# worker_step_timeouts_total (workers dropped by --worker-step-timeout), and the speculative
+# decoding counters (spec_decode_*).
 CONTRACT = {
     f"kvledger_{n}"
     for n in (
@@ -61,6 +62,10 @@ ALSO_EXPORTED = {
     "kvledger_http_request_timeouts_total",
     "kvledger_request_resumptions_total",
     "kvledger_worker_step_timeouts_total",
+    "kvledger_spec_decode_num_drafts_total",
+    "kvledger_spec_decode_num_draft_tokens_total",
+    "kvledger_spec_decode_num_accepted_tokens_total",
+    "kvledger_spec_decode_num_accepted_tokens_per_pos_total",
 }
 HISTOGRAMS = {
     "kvledger_time_to_first_token_seconds",
