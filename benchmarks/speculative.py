@@ -10,9 +10,10 @@ Two workloads, as token ids of the file's chat template (the same ids to every e
 - `chat`: the support questions of benchmarks/peers (chat_workload.py), whose answers quote
   nothing: the cost of speculation where it cannot help.
 
-Every row is one server started for it, every workload driven greedily (temperature 0, ignore
-EOS, `--max-tokens` out) at each concurrency in turn. kvledger's rows also give the share of
-drafted tokens kept, read from the scheduler's spec_decode counters. Results: docs/benchmarks.md.
+Every row is one server started for it, every workload driven greedily (temperature 0, EOS
+ignored on the chats, `--max-tokens` at most) at each concurrency in turn. kvledger's rows also
+give the share of drafted tokens kept, read from the scheduler's spec_decode counters. Results:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ TASKS = [
 ]
 KVLEDGER_ROWS = {
     "off": "",
-    "ngram k=4": '{"method": "ngram", "num_speculative_tokens": 4}',
-    "suffix k=8": '{"method": "suffix", "num_speculative_tokens": 8}',
+    "ngram k=8": '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2}',
+    "suffix k=8": '{"method": "suffix", "num_speculative_tokens": 8, "prompt_lookup_min": 2}',
 }
 LLAMA_CPP_ROWS = {
     "off": [],
@@ -98,14 +99,18 @@ def quoting_prompts(gguf: Path, count: int) -> list[list[int]]:
 
 
 def workloads(gguf: Path, requests: int, max_tokens: int) -> dict[str, Workload]:
-    """Each with one prompt more than it measures, for the warm-up request."""
+    """Each with one prompt more than it measures, for the warm-up request. A quoting answer
+    ends where the model ends it (past its end the model writes a new, unrelated turn); a chat
+    answer runs to max_tokens, as benchmarks/peers' do."""
     made = {
-        "quoting": quoting_prompts(gguf, requests + 1),
-        "chat": chat_prompts(gguf, requests + 1),
+        "quoting": (quoting_prompts(gguf, requests + 1), '{"ignore_eos": false}'),
+        "chat": (chat_prompts(gguf, requests + 1), ""),
     }
     return {
-        name: Workload("given", requests, max_tokens=max_tokens, given=tuple(map(tuple, p)))
-        for name, p in made.items()
+        name: Workload(
+            "given", requests, max_tokens=max_tokens, given=tuple(map(tuple, p)), extra_body=extra
+        )
+        for name, (p, extra) in made.items()
     }
 
 

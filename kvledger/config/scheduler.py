@@ -74,7 +74,8 @@ class EngineConfig:
         "speculative decoding, as vLLM's JSON: "
         '\'{"method": "ngram", "num_speculative_tokens": 4}\' drafts from the request\'s own '
         "text (prompt_lookup_min/max: n-gram lengths matched, default 3/5); method suffix drafts "
-        "as long as the match (suffix_decoding_max_spec_factor); '' = off",
+        "as long as the match (suffix_decoding_max_spec_factor); no drafts while more than "
+        "disable_by_batch_size (default 4) requests run; '' = off",
     )
     debug_invariants: bool = option(False, "check every ledger invariant after every step")
 

@@ -13,7 +13,12 @@ from typing import Any
 METHODS = ("ngram", "suffix")  # scheduler_svc/core/speculative.py: METHODS
 # vLLM's key for the suffix method's factor, and ours in the core
 _RENAMED = {"suffix_decoding_max_spec_factor": "max_spec_factor"}
-_INTS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+_INTS = (
+    "num_speculative_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    "disable_by_batch_size",
+)
 _KEYS = ("method", *_INTS, *_RENAMED)
 MAX_SPECULATIVE_TOKENS = 16
 

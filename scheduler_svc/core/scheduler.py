@@ -276,7 +276,7 @@ class Scheduler:
         prompt chunk, or while a step that samples for the request is in flight (its token,
         which a draft would follow, is not known yet)."""
         spec = self.config.speculative
-        if spec is None or num_new != 1 or not request.may_speculate:
+        if spec is None or num_new != 1 or not self._may_draft(request):
             return []
         if request.num_placeholders:  # planned ahead while backing off: a step of its wait
             if request.drafting is not None:
@@ -519,11 +519,15 @@ class Scheduler:
         placeholder (async scheduling, bundles), since its draft follows that very token. A
         request backing off from rejected drafts is planned ahead as any other."""
         drafting = request.drafting
+        return self._may_draft(request) and (drafting is None or drafting.wait == 0)
+
+    def _may_draft(self, request: Request) -> bool:
+        spec = self.config.speculative
         return (
-            self.config.speculative is not None
+            spec is not None
             and request.may_speculate
             and not request.is_embedding
-            and (drafting is None or drafting.wait == 0)
+            and len(self.running) <= spec.disable_by_batch_size
         )
 
     def _settle_drafts(

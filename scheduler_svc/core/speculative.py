@@ -20,6 +20,9 @@ Two ways to draft, both from the request's prompt and its outputs so far:
   `SUFFIX_MAX_MATCH` tokens, proposes a draft as long as the match times `max_spec_factor`
   (at most `num_speculative_tokens`): long matches, long drafts.
 
+Only while at most `disable_by_batch_size` requests run: a batch of many rows is no longer bound by
+reading the weights, and drafts would then cost about what they save.
+
 A request whose drafts were all rejected waits before it drafts again, twice as long each time
 (up to `MAX_BACKOFF_STEPS`): text that repeats nothing costs almost nothing.
 
@@ -50,6 +53,9 @@ class SpecConfig:
     prompt_lookup_min: int = 3
     prompt_lookup_max: int = 5
     max_spec_factor: float = 1.0  # suffix: draft length per matched token
+    # No drafting while more requests than this run on the worker: a step of many rows is no
+    # longer bound by reading the weights, so the rows drafts add cost about what they save.
+    disable_by_batch_size: int = 4
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -58,6 +64,8 @@ class SpecConfig:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
         if self.num_speculative_tokens < 1 or self.max_spec_factor <= 0:
             raise ValueError("num_speculative_tokens and max_spec_factor must be positive")
+        if self.disable_by_batch_size < 1:
+            raise ValueError("disable_by_batch_size must be positive")
 
     @property
     def min_match(self) -> int:

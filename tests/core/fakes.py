@@ -6,6 +6,10 @@ holds. A claimed block whose truth differs from the request's prefix is a stale 
 scheduler let through, and fails the test at once. So does a claim the worker has to refuse
 for a reason no injected fault explains: refusing it would only hide the scheduler's mistake.
 The scheduler it serves and the stepping loop live in tests/core/harness.py.
+
+Why this file is longer than the project's ~300 lines: it is one fake worker, whose checks
+(claims, writes, refusals, drafts kept or rejected) all read and update the same truth about
+each block; split, each part would reach into state the others keep.
 """
 
 from __future__ import annotations

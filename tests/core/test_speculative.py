@@ -182,3 +182,15 @@ def test_a_verdict_on_more_drafts_than_scheduled_fails_the_request_alone():
         h.step()
     assert h.finish_of("s").finish_reason is FinishReason.LENGTH
     assert h.sched.snapshot().blocks_in_use == 0
+
+
+def test_no_draft_while_more_requests_run_than_disable_by_batch_size():
+    spec = SpecConfig(num_speculative_tokens=4, prompt_lookup_min=2, disable_by_batch_size=2)
+    h = harness(spec)
+    h.add(*[request(f"r{i}", [i, *prompt()], max_tokens=4 + 8 * i) for i in range(3)])
+    drafted_with = []
+    while h.sched.requests or h.sched._dropped:
+        out = h.step()
+        if any(c.draft_token_ids for c in out.cont):
+            drafted_with.append(len(out.cont) + len(out.new))
+    assert drafted_with and max(drafted_with) <= 2

@@ -66,7 +66,10 @@ def run_concurrently(url: str) -> list[str]:
     return texts  # type: ignore[return-value]
 
 
-SPECULATIVE = ("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}')
+SPECULATIVE = (
+    "--speculative-config",
+    '{"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 8}',
+)
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,13 @@ from tests.worker.helpers import make_runner, random_tokens, wire_step
 from worker.executor import Executor
 from worker.runner.model_runner import ModelRunner
 
-NGRAM = SpecConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
-SUFFIX = SpecConfig(method="suffix", num_speculative_tokens=6, prompt_lookup_min=1)
+# drafting at every batch size: these tests batch up to 40 requests
+NGRAM = SpecConfig(
+    num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3, disable_by_batch_size=64
+)
+SUFFIX = SpecConfig(
+    method="suffix", num_speculative_tokens=6, prompt_lookup_min=1, disable_by_batch_size=64
+)
 # a random model's greedy text falls into loops that drafts then follow; its prompt repeats too
 PROMPT = random_tokens(12, 256, seed=7) * 3
 
