@@ -56,6 +56,9 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.stats = SchedulerStats()
+        if config.speculative is not None:  # each position's series exported from the start
+            positions = range(config.speculative.num_speculative_tokens)
+            self.stats.spec_accepted_per_position = {str(i): 0 for i in positions}
         self.kv: KVManager = (
             KVCacheManager(config, self.stats) if config.kv_cache else NoKVCacheManager()
         )
@@ -273,8 +276,8 @@ class Scheduler:
     def _drafts(self, request: Request, num_new: int, budget: int) -> list[int]:
         """Tokens drafted to follow a decode step's token (core/speculative.py), within the
         token budget, max_tokens and the context. None without --speculative-config, for a
-        prompt chunk, or while a step that samples for the request is in flight (its token,
-        which a draft would follow, is not known yet)."""
+        prompt chunk, past disable_by_batch_size, or while a step that samples for the request
+        is in flight (its token, which a draft would follow, is not known yet)."""
         spec = self.config.speculative
         if spec is None or num_new != 1 or not self._may_draft(request):
             return []
@@ -287,7 +290,7 @@ class Scheduler:
             request.max_tokens - request.num_output_tokens - 1,
             self.max_len - request.num_tokens - 1,
         )
-        if limit < 1 or request.is_embedding:
+        if limit < 1:
             return []
         if request.drafting is None:
             request.drafting = DraftState(NgramIndex(spec.min_match))

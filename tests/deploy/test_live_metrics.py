@@ -28,7 +28,11 @@ WINDOW = "1m"  # $__rate_interval as the test evaluates it: covers the whole run
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    served = start_serve(tmp_path_factory.mktemp("serve"), "--num-kv-blocks", "64")
+    # speculative decoding on, so that its counters (on the dashboard) are exported too
+    spec = '{"method": "ngram", "num_speculative_tokens": 4}'
+    served = start_serve(
+        tmp_path_factory.mktemp("serve"), "--num-kv-blocks", "64", "--speculative-config", spec
+    )
     yield served
     served.stop()
 
